@@ -1,0 +1,15 @@
+"""Op lowerings: one module per op family, all registered into `registry.LOWERINGS`."""
+
+from . import (  # noqa: F401  (importing a family registers its lowerings)
+    elementwise,
+    factory,
+    indexing,
+    linalg,
+    nn,
+    random,
+    reduction,
+    shape,
+)
+from .registry import LOWERINGS, Lowering, lowers
+
+__all__ = ["LOWERINGS", "Lowering", "lowers"]

@@ -1,0 +1,496 @@
+"""Pointwise math, comparisons, logic and activations.
+
+Inputs arrive already promoted to PyTorch's computation dtype (`promote=`); the runtime casts
+results to the dtype PyTorch's meta kernel reports, so these functions only say what is computed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import torch
+
+from .registry import lowers
+
+aten = torch.ops.aten
+DEFAULT = "DEFAULT"
+INT_TO_FLOAT = "INT_TO_FLOAT"
+BOOL = "ALWAYS_BOOL"
+NO_OPMATH = "NO_OPMATH"
+
+
+def _unary(op_packet, fn, promote=INT_TO_FLOAT, overloads=("default",)):
+    ops = [getattr(op_packet, o) for o in overloads]
+    lowers(*ops, promote=promote)(lambda x: fn(x))
+
+
+# ---- unary float math ------------------------------------------------------------------
+for _name, _fn in {
+    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
+    "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
+    "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
+    "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
+    "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
+    "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
+    "erfinv": jax.scipy.special.erfinv, "lgamma": jax.scipy.special.gammaln,
+    "digamma": jax.scipy.special.digamma, "reciprocal": lambda x: 1 / x,
+    "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
+}.items():
+    _unary(getattr(aten, _name), _fn)
+
+for _name, _fn in {
+    "neg": jnp.negative, "abs": jnp.abs, "sign": jnp.sign, "square": jnp.square,
+    "bitwise_not": lambda x: jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x),
+}.items():
+    _unary(getattr(aten, _name), _fn, promote=DEFAULT)
+
+
+def _rounder(fn):
+    # Integers are already whole: PyTorch returns them unchanged.
+    return lambda x: x if not jnp.issubdtype(x.dtype, jnp.inexact) else fn(x)
+
+
+for _op, _fn in {
+    aten.ceil.default: jnp.ceil, aten.floor.default: jnp.floor, aten.trunc.default: jnp.trunc,
+    aten.round.default: jnp.round, aten.frac.default: lambda x: x - jnp.trunc(x),
+}.items():
+    lowers(_op, promote=DEFAULT)(_rounder(_fn))
+
+
+@lowers(aten.round.decimals, promote=DEFAULT, static=("decimals",))
+def round_decimals(x, *, decimals=0):
+    scale = 10.0 ** decimals
+    return jnp.round(x * scale) / scale
+
+
+@lowers(aten.signbit.default, promote=DEFAULT)
+def signbit(x):
+    return jnp.signbit(x)
+
+
+@lowers(aten.sgn.default, promote=DEFAULT)
+def sgn(x):
+    if jnp.iscomplexobj(x):
+        mag = jnp.abs(x)
+        return jnp.where(mag == 0, 0, x / jnp.where(mag == 0, 1, mag))
+    return jnp.sign(x)
+
+
+@lowers(aten.isnan.default)
+def isnan(x):
+    return jnp.isnan(x)
+
+
+@lowers(aten.isinf.default)
+def isinf(x):
+    return jnp.isinf(x)
+
+
+@lowers(aten.isfinite.default)
+def isfinite(x):
+    return jnp.isfinite(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.ones(x.shape, bool)
+
+
+@lowers(aten.logical_not.default)
+def logical_not(x):
+    return jnp.logical_not(x)
+
+
+# ---- binary arithmetic -----------------------------------------------------------------
+
+
+@lowers(aten.add.Tensor, aten.add.Scalar, promote=DEFAULT)
+def add(x, y, *, alpha=1):
+    if x.dtype == jnp.bool_ and jnp.asarray(y).dtype == jnp.bool_:
+        return jnp.logical_or(x, y)
+    return x + y * alpha if not _is_one(alpha) else x + y
+
+
+@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=DEFAULT)
+def sub(x, y, *, alpha=1):
+    return x - y * alpha if not _is_one(alpha) else x - y
+
+
+@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=DEFAULT)
+def rsub(x, y, *, alpha=1):
+    return y - x * alpha if not _is_one(alpha) else y - x
+
+
+def _is_one(value) -> bool:
+    return isinstance(value, int | float) and value == 1
+
+
+@lowers(aten.mul.Tensor, aten.mul.Scalar, promote=DEFAULT)
+def mul(x, y):
+    if x.dtype == jnp.bool_:
+        return jnp.logical_and(x, y)
+    return x * y
+
+
+@lowers(aten.div.Tensor, aten.div.Scalar, promote=INT_TO_FLOAT)
+def div(x, y):
+    return x / y
+
+
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=DEFAULT, static=("rounding_mode",))
+def div_mode(x, y, *, rounding_mode=None):
+    if rounding_mode is None:
+        return x / y
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        if rounding_mode == "floor":
+            return jnp.floor_divide(x, y)
+        q = lax.div(x, jnp.asarray(y, x.dtype))  # C-style: truncates toward zero
+        return q
+    q = x / y
+    return jnp.floor(q) if rounding_mode == "floor" else jnp.trunc(q)
+
+
+@lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=DEFAULT)
+def floor_divide(x, y):
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.floor_divide(x, y)
+    return jnp.floor(x / y)
+
+
+@lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, promote=DEFAULT)
+def remainder(x, y):
+    return jnp.remainder(x, y)
+
+
+@lowers(aten.fmod.Tensor, aten.fmod.Scalar, promote=DEFAULT)
+def fmod(x, y):
+    return jnp.fmod(x, y)
+
+
+@lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote=DEFAULT)
+def pow_(x, y):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return lax.integer_pow(x, y) if isinstance(y, int) else jnp.power(x, y)
+    return jnp.power(x, y)
+
+
+@lowers(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar,
+        aten.float_power.Scalar)
+def float_power(x, y):
+    dtype = jnp.complex128 if jnp.iscomplexobj(x) or jnp.iscomplexobj(y) else jnp.float64
+    return jnp.power(jnp.asarray(x, dtype), jnp.asarray(y, dtype))
+
+
+@lowers(aten.atan2.default, promote=INT_TO_FLOAT)
+def atan2(x, y):
+    return jnp.arctan2(x, y)
+
+
+@lowers(aten.hypot.default, promote=DEFAULT)
+def hypot(x, y):
+    return jnp.hypot(x, y)
+
+
+@lowers(aten.copysign.Tensor, aten.copysign.Scalar, promote=INT_TO_FLOAT)
+def copysign(x, y):
+    return jnp.copysign(x, y)
+
+
+@lowers(aten.nextafter.default, promote=DEFAULT)
+def nextafter(x, y):
+    return jnp.nextafter(x, y)
+
+
+@lowers(aten.logaddexp.default, promote=DEFAULT)
+def logaddexp(x, y):
+    return jnp.logaddexp(x, y)
+
+
+@lowers(aten.logaddexp2.default, promote=DEFAULT)
+def logaddexp2(x, y):
+    return jnp.logaddexp2(x, y)
+
+
+@lowers(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other, promote=INT_TO_FLOAT)
+def xlogy(x, y):
+    return jax.scipy.special.xlogy(x, y)
+
+
+@lowers(aten.maximum.default, promote=DEFAULT)
+def maximum(x, y):
+    return jnp.maximum(x, y)  # propagates NaN like torch.maximum
+
+
+@lowers(aten.minimum.default, promote=DEFAULT)
+def minimum(x, y):
+    return jnp.minimum(x, y)
+
+
+@lowers(aten.fmax.default, promote=DEFAULT)
+def fmax(x, y):
+    return jnp.fmax(x, y)
+
+
+@lowers(aten.fmin.default, promote=DEFAULT)
+def fmin(x, y):
+    return jnp.fmin(x, y)
+
+
+# ---- bitwise / logical -----------------------------------------------------------------
+
+
+def _bitwise(fn_bool, fn_int):
+    def lower(x, y):
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        if x.dtype == jnp.bool_:
+            return fn_bool(x, y)
+        return fn_int(x, y)
+
+    return lower
+
+
+lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, promote=DEFAULT)(
+    _bitwise(jnp.logical_and, jnp.bitwise_and))
+lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, promote=DEFAULT)(
+    _bitwise(jnp.logical_or, jnp.bitwise_or))
+lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, promote=DEFAULT)(
+    _bitwise(jnp.logical_xor, jnp.bitwise_xor))
+
+
+@lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+        aten.__lshift__.Tensor, aten.__lshift__.Scalar, promote=DEFAULT)
+def left_shift(x, y):
+    bits = jnp.iinfo(x.dtype).bits
+    y = jnp.asarray(y, x.dtype)
+    return jnp.where((y >= bits) | (y < 0), jnp.zeros_like(x), jnp.left_shift(x, y))
+
+
+@lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+        aten.__rshift__.Tensor, aten.__rshift__.Scalar, promote=DEFAULT)
+def right_shift(x, y):
+    bits = jnp.iinfo(x.dtype).bits
+    y = jnp.asarray(y, x.dtype)
+    clipped = jnp.clip(y, 0, bits - 1)
+    return jnp.right_shift(x, clipped)
+
+
+@lowers(aten.logical_and.default, promote=DEFAULT)
+def logical_and(x, y):
+    return jnp.logical_and(x, y)
+
+
+@lowers(aten.logical_or.default, promote=DEFAULT)
+def logical_or(x, y):
+    return jnp.logical_or(x, y)
+
+
+@lowers(aten.logical_xor.default, promote=DEFAULT)
+def logical_xor(x, y):
+    return jnp.logical_xor(x, y)
+
+
+# ---- comparisons -----------------------------------------------------------------------
+for _name, _fn in {
+    "eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
+    "gt": jnp.greater, "ge": jnp.greater_equal,
+}.items():
+    _packet = getattr(aten, _name)
+    lowers(_packet.Tensor, _packet.Scalar, promote=DEFAULT)(
+        (lambda f: lambda x, y: f(x, y))(_fn))
+
+
+# ---- ternary / selection ---------------------------------------------------------------
+
+
+@lowers(aten.where.self)
+def where(condition, x, y):
+    dtype = jnp.result_type(x, y)
+    return jnp.where(condition, x.astype(dtype), y.astype(dtype))
+
+
+@lowers(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where_scalar(condition, x, y):
+    return jnp.where(condition, x, y)
+
+
+@lowers(aten.clamp.default, aten.clamp.Tensor, promote=DEFAULT)
+def clamp(x, min=None, max=None):
+    if min is not None:
+        x = jnp.where(jnp.isnan(x) if jnp.issubdtype(x.dtype, jnp.inexact) else False, x, jnp.maximum(x, min))
+        if jnp.issubdtype(jnp.asarray(min).dtype, jnp.inexact):
+            x = jnp.where(jnp.isnan(min), min, x)
+    if max is not None:
+        x = jnp.where(jnp.isnan(x) if jnp.issubdtype(x.dtype, jnp.inexact) else False, x, jnp.minimum(x, max))
+        if jnp.issubdtype(jnp.asarray(max).dtype, jnp.inexact):
+            x = jnp.where(jnp.isnan(max), max, x)
+    return x
+
+
+@lowers(aten.clamp_min.default, aten.clamp_min.Tensor, promote=DEFAULT)
+def clamp_min(x, min):
+    return clamp(x, min, None)
+
+
+@lowers(aten.clamp_max.default, aten.clamp_max.Tensor, promote=DEFAULT)
+def clamp_max(x, max):
+    return clamp(x, None, max)
+
+
+@lowers(aten.lerp.Scalar, aten.lerp.Tensor, promote=DEFAULT)
+def lerp(start, end, weight):
+    # PyTorch's formula: exact at weight 0 and 1 and stable on both halves.
+    diff = end - start
+    return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
+
+
+@lowers(aten.addcmul.default, promote=DEFAULT)
+def addcmul(x, t1, t2, *, value=1):
+    return x + value * t1 * t2
+
+
+@lowers(aten.addcdiv.default, promote=DEFAULT)
+def addcdiv(x, t1, t2, *, value=1):
+    return x + value * (t1 / t2)
+
+
+@lowers(aten.nan_to_num.default, static=("nan", "posinf", "neginf"))
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@lowers(aten.fill.Scalar, aten.fill.Tensor)
+def fill(x, value):
+    return jnp.full(x.shape, value, x.dtype)
+
+
+@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+
+
+@lowers(aten.zero.default)
+def zero(x):
+    return jnp.zeros(x.shape, x.dtype)
+
+
+@lowers(aten.clone.default)
+def clone(x, *, memory_format=None):
+    return x
+
+
+@lowers(aten.conj_physical.default)
+def conj(x):
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+@lowers(aten.real.default)
+def real(x):
+    return jnp.real(x)
+
+
+@lowers(aten.imag.default)
+def imag(x):
+    return jnp.imag(x)
+
+
+@lowers(aten.angle.default, promote=INT_TO_FLOAT)
+def angle(x):
+    if jnp.iscomplexobj(x):
+        return jnp.angle(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
+
+
+# ---- activations -----------------------------------------------------------------------
+
+
+@lowers(aten.relu.default)
+def relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype)) if x.dtype != jnp.bool_ else x
+
+
+@lowers(aten.threshold.default)
+def threshold(x, threshold, value):
+    return jnp.where(x <= threshold, jnp.asarray(value, x.dtype), x)
+
+
+@lowers(aten.threshold_backward.default)
+def threshold_backward(grad_output, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
+
+
+@lowers(aten.gelu.default, static=("approximate",))
+def gelu(x, *, approximate="none"):
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+@lowers(aten.gelu_backward.default, static=("approximate",))
+def gelu_backward(grad_output, x, *, approximate="none"):
+    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
+    return vjp(grad_output)[0]
+
+
+@lowers(aten.silu.default)
+def silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+@lowers(aten.silu_backward.default)
+def silu_backward(grad_output, x):
+    s = jax.nn.sigmoid(x)
+    return grad_output * s * (1 + x * (1 - s))
+
+
+@lowers(aten.sigmoid_backward.default)
+def sigmoid_backward(grad_output, output):
+    return grad_output * output * (1 - output)
+
+
+@lowers(aten.tanh_backward.default)
+def tanh_backward(grad_output, output):
+    return grad_output * (1 - output * output)
+
+
+@lowers(aten.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lowers(aten.leaky_relu_backward.default)
+def leaky_relu_backward(grad_output, x, negative_slope, self_is_result):
+    return jnp.where(x > 0, grad_output, grad_output * negative_slope)
+
+
+@lowers(aten.elu.default)
+def elu(x, alpha=1, scale=1, input_scale=1):
+    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
+
+
+@lowers(aten.hardtanh.default)
+def hardtanh(x, min_val=-1, max_val=1):
+    return jnp.clip(x, min_val, max_val)
+
+
+@lowers(aten.hardtanh_backward.default)
+def hardtanh_backward(grad_output, x, min_val, max_val):
+    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros((), grad_output.dtype), grad_output)
+
+
+@lowers(aten.softplus.default)
+def softplus(x, beta=1, threshold=20):
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
+
+
+@lowers(aten.mish.default)
+def mish(x):
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@lowers(aten.hardsigmoid.default)
+def hardsigmoid(x):
+    return jnp.clip(x / 6 + 0.5, 0, 1)
+
+
+@lowers(aten.hardswish.default)
+def hardswish(x):
+    return x * jnp.clip(x / 6 + 0.5, 0, 1)

@@ -1,0 +1,3 @@
+"""factory lowerings."""
+
+from __future__ import annotations

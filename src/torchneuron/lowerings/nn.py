@@ -1,0 +1,3 @@
+"""nn lowerings."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""random lowerings."""
+
+from __future__ import annotations

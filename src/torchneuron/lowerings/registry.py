@@ -1,0 +1,64 @@
+"""The lowering table: ATen overload -> pure JAX function.
+
+A lowering receives the op's arguments as the ATen schema names them, with every tensor
+replaced by a `jax.Array` (already type-promoted when `promote=` is given) and returns
+`jax.Array`s (a tuple for multi-output ops). It knows nothing of storages or dispatch; the
+eager runtime and the compiler both read this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+OpOverload = torch._ops.OpOverload
+
+
+@dataclass(frozen=True)
+class Lowering:
+    fn: Callable
+    # torch._prims_common.ELEMENTWISE_TYPE_PROMOTION_KIND name, or None: tensor inputs are
+    # cast to the computation dtype PyTorch would use before `fn` runs.
+    promote: str | None = None
+    # Non-tensor arguments whose Python value the function needs (shapes, dims, modes);
+    # int/bool/list/str/dtype arguments are always static; Scalar/float ones are traced
+    # unless named here, so a changing learning rate does not recompile.
+    static: frozenset[str] = field(default_factory=frozenset)
+    # False for ops whose output shape depends on values (nonzero, masked_select): they run
+    # op by op on concrete arrays instead of under jax.jit.
+    jit: bool = True
+    # True: the function takes a `key=` jax PRNG key drawn from the device generator.
+    rng: bool = False
+    # True: the function returns (result, bad) where `bad` is a boolean scalar; the runtime
+    # raises IndexError(index_error) when it is set, so out-of-range indices never wrap.
+    index_error: str | None = None
+
+
+LOWERINGS: dict[OpOverload, Lowering] = {}
+
+
+def lowers(
+    *ops: OpOverload,
+    promote: str | None = None,
+    static: tuple[str, ...] = (),
+    jit: bool = True,
+    rng: bool = False,
+    index_error: str | None = None,
+) -> Callable[[Callable], Callable]:
+    """Register `fn` as the lowering of each ATen overload in `ops`."""
+
+    def register(fn: Callable) -> Callable:
+        entry = Lowering(fn, promote, frozenset(static), jit, rng, index_error)
+        for op in ops:
+            if op in LOWERINGS:
+                raise RuntimeError(f"torchneuron: two lowerings registered for {op}")
+            LOWERINGS[op] = entry
+        return fn
+
+    return register
+
+
+def lowering_for(op: OpOverload) -> Lowering | None:
+    return LOWERINGS.get(op)

@@ -1,0 +1,3 @@
+"""shape lowerings."""
+
+from __future__ import annotations

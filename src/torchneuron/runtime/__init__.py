@@ -1,0 +1,1 @@
+"""The eager runtime: device registration, storages and views, dispatch, RNG, memory stats."""

@@ -1,0 +1,262 @@
+"""Registration of the `neuron` device and the `torch.neuron` module."""
+
+from __future__ import annotations
+
+import threading
+from collections import namedtuple
+from typing import Any
+
+import torch
+
+from . import platform, rng, storage
+from .storage import STATS
+
+DEVICE_NAME = "neuron"
+_lock = threading.Lock()
+_registered = False
+_current_device = 0
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, device_index: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+_DeviceProperties = namedtuple(
+    "_DeviceProperties", ["name", "platform", "total_memory", "jax_device"]
+)
+
+
+def _index(device: Any = None) -> int:
+    if device is None:
+        return _current_device
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != DEVICE_NAME:
+        raise ValueError(f"Expected a neuron device, but got: {device}")
+    return _current_device if device.index is None else device.index
+
+
+class NeuronModule:
+    """`torch.neuron`: what `torch.cuda` users reach for, for the neuron device."""
+
+    class device:  # noqa: N801 - mirrors torch.cuda.device
+        """Context manager that changes the current neuron device."""
+
+        def __init__(self, device: Any) -> None:
+            self.index = _index(device)
+            self.previous = 0
+
+        def __enter__(self):
+            global _current_device
+            self.previous = _current_device
+            set_device(self.index)
+            return self
+
+        def __exit__(self, *exc) -> None:
+            set_device(self.previous)
+
+    @staticmethod
+    def is_available() -> bool:
+        return is_available()
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        return device_count()
+
+    @staticmethod
+    def current_device() -> int:
+        return _current_device
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        set_device(device)
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        synchronize(device)
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        return get_device_properties(device).name
+
+    @staticmethod
+    def get_device_properties(device: Any = None):
+        return get_device_properties(device)
+
+    @staticmethod
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        return (1, 0)
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    # -- random numbers --------------------------------------------------------------
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        rng.generator(_current_device).manual_seed(int(seed))
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        for i in range(device_count()):
+            rng.generator(i).manual_seed(int(seed))
+
+    @staticmethod
+    def seed() -> None:
+        rng.seed_fresh(_current_device)
+
+    @staticmethod
+    def seed_all() -> None:
+        for i in range(device_count()):
+            rng.seed_fresh(i)
+
+    @staticmethod
+    def initial_seed() -> int:
+        return rng.generator(_current_device).seed
+
+    @staticmethod
+    def get_rng_state(device: Any = "neuron") -> torch.Tensor:
+        return rng.generator(_index(device)).get_state()
+
+    @staticmethod
+    def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
+        rng.generator(_index(device)).set_state(new_state)
+
+    @staticmethod
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [rng.generator(i).get_state() for i in range(device_count())]
+
+    @staticmethod
+    def set_rng_state_all(new_states) -> None:
+        for i, state in enumerate(new_states):
+            rng.generator(i).set_state(state)
+
+    # -- memory ----------------------------------------------------------------------
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        return STATS.allocated
+
+    @staticmethod
+    def max_memory_allocated(device: Any = None) -> int:
+        return STATS.peak
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        with STATS.lock:
+            STATS.peak = STATS.allocated
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        return STATS.allocated
+
+    @staticmethod
+    def max_memory_reserved(device: Any = None) -> int:
+        return STATS.peak
+
+    @staticmethod
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        with STATS.lock:
+            return {
+                "allocated_bytes.all.current": STATS.allocated,
+                "allocated_bytes.all.peak": STATS.peak,
+                "allocation.all.allocated": STATS.num_alloc,
+                "allocation.all.freed": STATS.num_free,
+                "allocation.all.current": STATS.num_alloc - STATS.num_free,
+            }
+
+    @staticmethod
+    def empty_cache() -> None:
+        # Buffers are freed with their storages; nothing is cached beyond live tensors.
+        import gc
+
+        gc.collect()
+
+
+def is_available() -> bool:
+    try:
+        return len(platform.jax_devices()) > 0
+    except RuntimeError:
+        return False
+
+
+def device_count() -> int:
+    try:
+        return len(platform.jax_devices())
+    except RuntimeError:
+        return 0
+
+
+def set_device(device: Any) -> None:
+    global _current_device
+    index = _index(device)
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"Invalid device ordinal neuron:{index}")
+    _current_device = index
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait until the device has finished all work queued so far."""
+    storage.wait_for_pending()
+
+
+def get_device_properties(device: Any = None):
+    index = _index(device)
+    jdev = platform.jax_device(index)
+    kind = getattr(jdev, "device_kind", jdev.platform)
+    total = 0
+    try:
+        stats = jdev.memory_stats() or {}
+        total = int(stats.get("bytes_limit", 0))
+    except Exception:  # the CPU client has no memory stats
+        total = 0
+    if not total:
+        import os
+
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return _DeviceProperties(f"neuron ({platform.platform_name()}: {kind})", jdev.platform, total, str(jdev))
+
+
+def register() -> None:
+    """Register the device with PyTorch; safe to call any number of times."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+        if torch._C._get_privateuse1_backend_name() == DEVICE_NAME and hasattr(torch, DEVICE_NAME):
+            _registered = True
+            return
+        module = NeuronModule()
+        _setup_privateuseone_for_python_backend(
+            DEVICE_NAME, backend_module=module, hook=_Hooks(), device_guard=_DeviceGuard()
+        )
+        from . import dispatch
+
+        dispatch.install()
+        _registered = True

@@ -1,0 +1,749 @@
+"""The boxed fallback: every ATen op on a neuron tensor arrives here.
+
+For each overload a small `OpPlan` is derived once from its schema (which arguments are
+tensors, which are written, whether it is a view, where its lowering comes from). A call then
+follows the plan:
+
+- view ops run the CPU kernel, which only touches metadata, so views share the StorageImpl;
+- ops with a lowering run as one cached `jax.jit` executable per argument signature; view
+  reads, type promotion, the op and in-place writes back into storages are all inside it;
+- composite ops without a lowering run their `torch._decomp` decomposition;
+- anything else runs on CPU, visibly: warned once per op, counted, or refused in strict mode.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import torch._decomp
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from ..lowerings import LOWERINGS, Lowering
+from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
+from . import rng, storage, views
+from .storage import CPU_KEYS
+
+aten = torch.ops.aten
+OpOverload = torch._ops.OpOverload
+
+# Argument kinds, read from the schema once per overload.
+STATIC, SCALAR, TENSOR, TENSOR_LIST, OPT_TENSOR_LIST = range(5)
+
+NEURON = "neuron"
+
+# op name -> how many calls took each path; read by torchneuron.op_counts()/fallback_ops().
+NATIVE_COUNTS: collections.Counter[str] = collections.Counter()
+DECOMP_COUNTS: collections.Counter[str] = collections.Counter()
+FALLBACK_COUNTS: collections.Counter[str] = collections.Counter()
+_warned: set[str] = set()
+
+
+def strict_mode() -> bool:
+    return os.environ.get("TORCHNEURON_STRICT", "0") not in ("", "0", "false", "False")
+
+
+class DeviceMismatch(RuntimeError):
+    pass
+
+
+def _device_mismatch(other: torch.device) -> RuntimeError:
+    return RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"neuron:0 and {other}!"
+    )
+
+
+def _kind_of(arg_type: torch._C.JitType) -> int:
+    text = str(arg_type)
+    if text in ("Tensor", "Tensor?"):
+        return TENSOR
+    if text == "Tensor[]":
+        return TENSOR_LIST
+    if text == "Tensor?[]":
+        return OPT_TENSOR_LIST
+    if text in ("Scalar", "Scalar?", "float", "float?", "complex"):
+        return SCALAR
+    return STATIC
+
+
+def _functional_overload(op: OpOverload) -> OpOverload | None:
+    """`add_.Tensor` -> `add.Tensor`; `add.out` -> `add.Tensor` (matched by argument names)."""
+    schema = op._schema
+    name = schema.name.split("::")[-1]
+    packet_name = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    packet = getattr(aten, packet_name, None)
+    if packet is None:
+        return None
+    if packet_name != name:  # in-place: same overload name
+        return getattr(packet, op._overloadname, None)
+    wanted = [a.name for a in schema.arguments if not (a.kwarg_only and a.alias_info and a.alias_info.is_write)]
+    for overload_name in packet.overloads():
+        candidate = getattr(packet, overload_name)
+        if candidate is op:
+            continue
+        cand_schema = candidate._schema
+        if any(a.alias_info and a.alias_info.is_write for a in cand_schema.arguments):
+            continue
+        if [a.name for a in cand_schema.arguments] == wanted:
+            return candidate
+    return None
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise TypeError("torchneuron: symbolic values reach the eager runtime only as concrete ints")
+    return value
+
+
+class OpPlan:
+    """What is known about one overload before any call: derived from its schema, cached."""
+
+    def __init__(self, op: OpOverload) -> None:
+        self.op = op
+        self.name = str(op)
+        schema = op._schema
+        self.arguments = schema.arguments
+        self.arg_names = [a.name for a in self.arguments]
+        self.kinds = [_kind_of(a.type) for a in self.arguments]
+        self.defaults = [a.default_value if a.has_default_value() else None for a in self.arguments]
+        self.num_positional = sum(1 for a in self.arguments if not a.kwarg_only)
+        self.mutated = [i for i, a in enumerate(self.arguments) if a.alias_info and a.alias_info.is_write]
+        self.out_args = [i for i in self.mutated if self.arguments[i].kwarg_only]
+        returns = schema.returns
+        self.is_view = bool(returns) and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in returns
+        )
+        # returns that are fresh (not an alias of a written argument)
+        self.fresh_returns = [i for i, r in enumerate(returns) if r.alias_info is None]
+        self.return_types = [str(r.type) for r in returns]
+        self.returns_scalar = len(returns) == 1 and self.return_types[0] in (
+            "int", "float", "bool", "Scalar", "complex", "SymInt",
+        )
+        self.lowering: Lowering | None = LOWERINGS.get(op)
+        self.functional: OpOverload | None = None
+        if self.lowering is None and self.mutated:
+            functional = _functional_overload(op)
+            if functional is not None and functional in LOWERINGS:
+                self.functional = functional
+        self.decomposition: Callable | None = torch._decomp.decomposition_table.get(op)
+        self.cache: dict[tuple, Callable] = {}
+        self.static_names = self.lowering.static if self.lowering else frozenset()
+        if self.lowering is not None:
+            self.kinds = [
+                STATIC if (k == SCALAR and n in self.static_names) else k
+                for k, n in zip(self.kinds, self.arg_names)
+            ]
+
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        values = list(args)
+        if len(values) < len(self.arguments):
+            for i in range(len(values), len(self.arguments)):
+                name = self.arg_names[i]
+                values.append(kwargs[name] if name in kwargs else self.defaults[i])
+        return values
+
+    def split(self, values: list) -> tuple[list, dict]:
+        n = self.num_positional
+        return values[:n], dict(zip(self.arg_names[n:], values[n:]))
+
+
+_PLANS: dict[OpOverload, OpPlan] = {}
+
+
+def plan_for(op: OpOverload) -> OpPlan:
+    plan = _PLANS.get(op)
+    if plan is None:
+        plan = _PLANS[op] = OpPlan(op)
+    return plan
+
+
+# ----------------------------------------------------------------------------------------
+# Tensor arguments as executable inputs
+
+
+def _is_neuron(t: torch.Tensor) -> bool:
+    return t.device.type == NEURON
+
+
+def _tensor_key_and_inputs(t: torch.Tensor, inputs: list) -> tuple:
+    if not isinstance(t, torch.Tensor):
+        # A Python number in a Tensor slot (PyTorch's "wrapped number"): a traced scalar.
+        inputs.append(t)
+        return ("number", type(t))
+    if t.device.type != NEURON:
+        if t.dim() == 0 and t.device.type == "cpu":
+            inputs.append(t.item())
+            return ("host", t.dtype)
+        raise _device_mismatch(t.device)
+    st = t.untyped_storage()
+    dtype = t.dtype
+    buf = storage.storage_buffer(st, dtype)
+    spec = views.spec_of(t, buf.shape[0])
+    inputs.append(buf)
+    if spec.mode != views.FULL:
+        inputs.append(t.storage_offset())
+    return (dtype, spec)
+
+
+def _collect(plan: OpPlan, values: list) -> tuple[tuple, list]:
+    key = []
+    inputs: list = []
+    for kind, value in zip(plan.kinds, values):
+        if kind == STATIC:
+            key.append(_hashable(value))
+        elif kind == SCALAR:
+            if value is None:
+                key.append(None)
+            else:
+                if isinstance(value, torch.Tensor):
+                    value = value.item()
+                key.append(type(value))
+                inputs.append(value)
+        elif kind == TENSOR:
+            key.append(None if value is None else _tensor_key_and_inputs(value, inputs))
+        else:
+            key.append(
+                tuple(None if v is None else _tensor_key_and_inputs(v, inputs) for v in value)
+            )
+    return tuple(key), inputs
+
+
+def _rebuild(plan: OpPlan, key: tuple, inputs, static_values: list) -> list:
+    """Inside the trace: the argument list with each tensor replaced by its jax array."""
+    it = iter(inputs)
+
+    def tensor(k):
+        if k is None:
+            return None
+        if k[0] == "host":
+            return jnp.asarray(next(it), to_jax_dtype(k[1]))
+        if k[0] == "number":
+            return next(it)
+        buf = next(it)
+        spec = k[1]
+        offset = 0 if spec.mode == views.FULL else next(it)
+        return views.gather(buf, offset, spec)
+
+    values = []
+    for kind, k, static in zip(plan.kinds, key, static_values):
+        if kind == STATIC:
+            values.append(static)
+        elif kind == SCALAR:
+            values.append(None if k is None else next(it))
+        elif kind == TENSOR:
+            values.append(tensor(k))
+        else:
+            values.append([tensor(x) for x in k])
+    return values
+
+
+# ----------------------------------------------------------------------------------------
+# Meta execution: output dtypes/shapes/strides and PyTorch's own input checks
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.device.type == NEURON:
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return value.to("meta") if value.dim() == 0 else value
+    if isinstance(value, list | tuple):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, torch.device) and value.type == NEURON:
+        return torch.device("meta")
+    return value
+
+
+def meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """Run `op` on meta tensors: PyTorch's checks and output metadata, or None if no meta kernel."""
+    meta_args = _to_meta(args)
+    meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    try:
+        return op(*meta_args, **meta_kwargs)
+    except NotImplementedError:
+        return None
+    except RuntimeError as err:
+        text = str(err)
+        if "meta" in text.lower() and ("not implemented" in text.lower() or "no kernel" in text.lower() or "could not run" in text.lower()):
+            return None
+        if "data-dependent" in text or "Cannot" in text and "data" in text:
+            return None
+        raise
+
+
+def _promotion_dtype(kind: str, plan: OpPlan, values: list) -> torch.dtype | None:
+    promotion_kind = ELEMENTWISE_TYPE_PROMOTION_KIND[kind]
+    operands = []
+    for k, v in zip(plan.kinds, values):
+        if k == TENSOR and v is not None:
+            operands.append(_to_meta(v) if isinstance(v, torch.Tensor) else v)
+        elif k == SCALAR and v is not None and not isinstance(v, torch.Tensor):
+            operands.append(v)
+        elif k == TENSOR_LIST:
+            operands.extend(_to_meta(x) for x in v)
+    if not operands:
+        return None
+    compute, _ = elementwise_dtypes(*operands, type_promotion_kind=promotion_kind)
+    return compute
+
+
+def _cast_tensors(plan: OpPlan, values: list, dtype) -> list:
+    out = []
+    for kind, v in zip(plan.kinds, values):
+        if kind == TENSOR and v is not None and hasattr(v, "dtype") and v.dtype != dtype:
+            v = v.astype(dtype)
+        elif kind == TENSOR_LIST:
+            v = [x if x is None or x.dtype == dtype else x.astype(dtype) for x in v]
+        out.append(v)
+    return out
+
+
+def _flatten_results(result) -> list:
+    if isinstance(result, tuple | list):
+        flat = []
+        for r in result:
+            if isinstance(r, list | tuple):
+                flat.extend(r)
+            else:
+                flat.append(r)
+        return flat
+    return [result]
+
+
+def _meta_tensors(meta) -> list[torch.Tensor | None]:
+    if meta is None:
+        return []
+    return [m for m in _flatten_results(meta)]
+
+
+class _Executable:
+    """One compiled call of an op for one argument signature."""
+
+    __slots__ = ("fn", "fresh_meta", "writes", "has_check", "index_error", "num_fresh")
+
+    def __init__(self, fn, fresh_meta, writes, has_check, index_error):
+        self.fn = fn
+        self.fresh_meta = fresh_meta  # [(dtype, shape, stride)] for fresh outputs
+        self.writes = writes  # [arg index (or (arg index, list position))] for written args
+        self.has_check = has_check
+        self.index_error = index_error
+        self.num_fresh = len(fresh_meta)
+
+
+def _write_targets(plan: OpPlan, values: list) -> list[tuple[int, int | None]]:
+    targets = []
+    for i in plan.mutated:
+        v = values[i]
+        if v is None:
+            continue
+        if isinstance(v, list | tuple):
+            targets.extend((i, j) for j in range(len(v)))
+        else:
+            targets.append((i, None))
+    return targets
+
+
+def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args, kwargs) -> _Executable:
+    op = plan.op
+    meta = meta_outputs(op, args, kwargs)
+    if plan.out_args and meta is not None:
+        _check_out_layouts(plan, values, meta)
+    static_values = [v if k == STATIC else None for k, v in zip(plan.kinds, values)]
+    compute_dtype = None
+    if lowering.promote is not None:
+        compute_dtype = _promotion_dtype(lowering.promote, plan, values)
+    targets = _write_targets(plan, values)
+    direct = plan.lowering is not None  # lowering registered on this very overload
+    inplace_via_functional = not direct
+
+    # Which results are fresh outputs, with their PyTorch metadata.
+    fresh_meta: list = []
+    if meta is not None:
+        metas = _meta_tensors(meta)
+        if inplace_via_functional:
+            metas = []
+        else:
+            returns_flat_fresh = []
+            if plan.fresh_returns and len(plan.fresh_returns) == len(plan.return_types):
+                returns_flat_fresh = metas
+            else:
+                returns_flat_fresh = [metas[i] for i in plan.fresh_returns]
+            metas = returns_flat_fresh
+        for m in metas:
+            if isinstance(m, torch.Tensor):
+                stride = m.stride()
+                if views.dense_permutation(tuple(m.shape), stride) is None:
+                    stride = storage.contiguous_strides(m.shape)
+                fresh_meta.append((m.dtype, tuple(m.shape), tuple(stride)))
+            else:
+                fresh_meta.append(None)  # non-tensor return (int/float/bool)
+    write_meta = []
+    for i, j in targets:
+        t = values[i] if j is None else values[i][j]
+        write_meta.append((t.dtype, views.spec_of(t, storage.storage_buffer(t.untyped_storage(), t.dtype).shape[0])))
+    kwargs_names = plan.arg_names[plan.num_positional :]
+    out_names = {plan.arg_names[i] for i in plan.out_args}
+    fn = lowering.fn
+    has_check = lowering.index_error is not None
+    num_fresh_expected = [len(fresh_meta)]
+    rng_needed = lowering.rng
+
+    def run(inputs, write_inputs, draw):
+        vals = _rebuild(plan, key, inputs, static_values)
+        if compute_dtype is not None:
+            vals = _cast_tensors(plan, vals, to_jax_dtype(compute_dtype))
+        pos = vals[: plan.num_positional]
+        kw = {n: v for n, v in zip(kwargs_names, vals[plan.num_positional :]) if n not in out_names}
+        if rng_needed:
+            kw["key"] = rng.fold_key(draw)
+        result = fn(*pos, **kw)
+        check = None
+        if has_check:
+            result, check = result
+        flat = _flatten_results(result)
+        outputs = []
+        if inplace_via_functional:
+            fresh_vals, write_vals = [], flat[: len(targets)]
+        else:
+            nfresh = len(flat) - len(targets) if meta is None else len(fresh_meta)
+            fresh_vals, write_vals = flat[:nfresh], flat[nfresh:]
+            num_fresh_expected[0] = nfresh
+        for n, value in enumerate(fresh_vals):
+            m = fresh_meta[n] if n < len(fresh_meta) else None
+            if m is None:
+                outputs.append(jnp.asarray(value))
+                continue
+            dtype, shape, stride = m
+            value = jnp.asarray(value)
+            jdtype = to_jax_dtype(dtype)
+            if value.dtype != jdtype:
+                value = value.astype(jdtype)
+            if tuple(value.shape) != shape:
+                value = jnp.broadcast_to(value, shape) if value.size == 1 else value.reshape(shape)
+            outputs.append(views.to_memory_order(value, stride))
+        new_buffers = []
+        for (dtype, spec), value, (buf, offset) in zip(write_meta, write_vals, write_inputs):
+            if value is None:
+                new_buffers.append(buf)
+                continue
+            value = jnp.asarray(value)
+            jdtype = to_jax_dtype(dtype)
+            if value.dtype != jdtype:
+                value = value.astype(jdtype)
+            if tuple(value.shape) != spec.shape:
+                value = jnp.broadcast_to(value, spec.shape)
+            new_buffers.append(views.scatter(buf, offset, value, spec))
+        return outputs, new_buffers, check
+
+    compiled = jax.jit(run) if lowering.jit else run
+    if meta is None and not inplace_via_functional:
+        # Learn the output layout from the lowering itself (ops without a meta kernel).
+        pass
+    ex = _Executable(compiled, fresh_meta, targets, has_check, lowering.index_error)
+    ex.writes = list(zip(targets, write_meta))
+    return ex
+
+
+def _finish_fresh_meta(ex: _Executable, outputs: list) -> None:
+    if ex.fresh_meta:
+        return
+    metas = []
+    for value in outputs:
+        dtype = to_torch_dtype(value.dtype)
+        metas.append((dtype, tuple(value.shape), storage.contiguous_strides(value.shape)))
+    ex.fresh_meta = metas
+
+
+class _ResizeOutputs(Exception):
+    """An `out=` tensor has the wrong shape: resize it as PyTorch's meta kernel did, retry."""
+
+    def __init__(self, layouts):
+        self.layouts = layouts
+
+
+def _check_out_layouts(plan: OpPlan, values: list, meta) -> None:
+    metas = _meta_tensors(meta)
+    layouts = []
+    mismatch = False
+    for n, i in enumerate(plan.out_args):
+        t = values[i]
+        m = metas[n] if n < len(metas) else None
+        if t is None or m is None:
+            layouts.append(None)
+            continue
+        if tuple(t.shape) != tuple(m.shape):
+            mismatch = True
+            layouts.append((tuple(m.shape), tuple(m.stride())))
+        else:
+            layouts.append(None)
+    if mismatch:
+        raise _ResizeOutputs(layouts)
+
+
+def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
+    values = plan.bind(args, kwargs)
+    key, inputs = _collect(plan, values)
+    ex = plan.cache.get(key)
+    if ex is None:
+        try:
+            ex = _build_executable(plan, lowering, key, values, args, kwargs)
+        except _ResizeOutputs as resize:
+            for i, layout in zip(plan.out_args, resize.layouts):
+                if layout is not None:
+                    shape, stride = layout
+                    values[i].resize_(shape)
+                    if values[i].stride() != stride and views.dense_permutation(shape, stride):
+                        values[i].as_strided_(shape, stride)
+            return run_lowered(plan, lowering, args, kwargs)
+        plan.cache[key] = ex
+    write_inputs = []
+    for (i, j), (dtype, spec) in ex.writes:
+        t = values[i] if j is None else values[i][j]
+        buf = None if spec.mode == views.FULL else storage.storage_buffer(t.untyped_storage(), dtype)
+        write_inputs.append((buf, 0 if spec.mode == views.FULL else t.storage_offset()))
+    draw = rng.split_draw(rng.generator(0).next_draw()) if lowering.rng else None
+    outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
+    if check is not None and bool(check):
+        raise IndexError(ex.index_error)
+    for ((i, j), (dtype, _spec)), buf in zip(ex.writes, new_buffers):
+        t = values[i] if j is None else values[i][j]
+        storage.set_storage_buffer(t.untyped_storage(), buf, dtype)
+    if not ex.fresh_meta and outputs:
+        _finish_fresh_meta(ex, outputs)
+    NATIVE_COUNTS[plan.name] += 1
+    return _assemble_returns(plan, ex, values, outputs)
+
+
+def _assemble_returns(plan: OpPlan, ex: _Executable, values: list, outputs: list) -> Any:
+    if plan.returns_scalar:
+        return outputs[0].item() if outputs else None
+    fresh = []
+    for (m, buf) in zip(ex.fresh_meta, outputs):
+        if m is None:
+            fresh.append(buf.item())
+        else:
+            dtype, shape, stride = m
+            fresh.append(storage.new_tensor(shape, dtype, stride, buf))
+    n_returns = len(plan.return_types)
+    if n_returns == 0:
+        return None
+    results = []
+    fresh_iter = iter(fresh)
+    mutated_iter = iter(plan.mutated)
+    for rtype, is_fresh in zip(plan.return_types, (i in plan.fresh_returns for i in range(n_returns))):
+        if is_fresh:
+            if rtype.startswith("Tensor[]") or rtype == "Tensor[]":
+                results.append(list(fresh_iter))
+            else:
+                results.append(next(fresh_iter))
+        else:
+            results.append(values[next(mutated_iter)])
+    return results[0] if n_returns == 1 else tuple(results)
+
+
+# ----------------------------------------------------------------------------------------
+# Decompositions and the CPU fallback
+
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a neuron tensor's logical value (contiguous)."""
+    from .copy import neuron_to_cpu
+
+    return neuron_to_cpu(t)
+
+
+def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
+    name = plan.name
+    if strict_mode():
+        raise NotImplementedError(
+            f"torchneuron: {name} has no lowering on the neuron device and TORCHNEURON_STRICT=1 "
+            "forbids falling back to CPU"
+        )
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"torchneuron: {name} has no lowering on the neuron device; it runs on CPU "
+            "(see torchneuron.fallback_ops())",
+            stacklevel=3,
+        )
+    FALLBACK_COUNTS[name] += 1
+    originals: dict[int, torch.Tensor] = {}
+
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.device.type == NEURON:
+            cpu = to_cpu(value)
+            originals[id(cpu)] = value
+            return cpu
+        if isinstance(value, list | tuple):
+            return type(value)(convert(v) for v in value)
+        if isinstance(value, torch.device) and value.type == NEURON:
+            return torch.device("cpu")
+        return value
+
+    cpu_args = convert(args)
+    cpu_kwargs = {k: convert(v) for k, v in kwargs.items()}
+    result = plan.op(*cpu_args, **cpu_kwargs)
+    # Write back what the op mutated.
+    values_cpu = plan.bind(cpu_args, cpu_kwargs)
+    for i in plan.mutated:
+        items = values_cpu[i] if isinstance(values_cpu[i], list | tuple) else [values_cpu[i]]
+        for cpu_t in items:
+            if cpu_t is None or id(cpu_t) not in originals:
+                continue
+            target = originals[id(cpu_t)]
+            if target.shape != cpu_t.shape:
+                target.resize_(cpu_t.shape)
+            target.copy_(cpu_t)
+
+    def back(value):
+        if isinstance(value, torch.Tensor):
+            if id(value) in originals:
+                return originals[id(value)]
+            from .copy import cpu_to_new_neuron
+
+            return cpu_to_new_neuron(value)
+        if isinstance(value, list | tuple):
+            return type(value)(back(v) for v in value)
+        return value
+
+    return back(result)
+
+
+def _run_out_variant(plan: OpPlan, functional: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """`op.out`: PyTorch's checks on meta, the functional op, then resize and copy into out."""
+    values = plan.bind(args, kwargs)
+    meta = meta_outputs(plan.op, args, kwargs)
+    outs = [values[i] for i in plan.out_args]
+    func_values = [v for i, v in enumerate(values) if i not in plan.out_args]
+    func_plan = plan_for(functional)
+    pos, kw = func_plan.split(func_values)
+    result = functional(*pos, **kw)
+    results = _flatten_results(result)
+    metas = _meta_tensors(meta) if meta is not None else results
+    for out, res, m in zip(outs, results, metas):
+        if out.device.type != NEURON:
+            raise _device_mismatch(out.device)
+        if tuple(out.shape) != tuple(m.shape):
+            out.resize_(m.shape)
+            if m.stride() != out.stride() and m.is_contiguous() is False:
+                out.as_strided_(m.shape, m.stride())
+        out.copy_(res)
+    if len(outs) == 1:
+        return outs[0]
+    return tuple(outs)
+
+
+# ----------------------------------------------------------------------------------------
+# The fallback itself
+
+SPECIAL: dict[OpOverload, Callable] = {}
+
+
+def special(*ops: OpOverload) -> Callable[[Callable], Callable]:
+    def register(fn):
+        for op in ops:
+            SPECIAL[op] = fn
+        return fn
+
+    return register
+
+
+def neuron_fallback(op: OpOverload, *args, **kwargs) -> Any:
+    handler = SPECIAL.get(op)
+    if handler is not None:
+        return handler(*args, **kwargs)
+    plan = _PLANS.get(op)
+    if plan is None:
+        plan = plan_for(op)
+    if plan.lowering is not None:
+        return run_lowered(plan, plan.lowering, args, kwargs)
+    if plan.is_view:
+        _check_devices(args)
+        return op.redispatch(CPU_KEYS, *args, **kwargs)
+    if plan.functional is not None:
+        return run_lowered(plan, LOWERINGS[plan.functional], args, kwargs)
+    if plan.decomposition is not None:
+        DECOMP_COUNTS[plan.name] += 1
+        return plan.decomposition(*args, **kwargs)
+    if plan.out_args:
+        functional = _functional_overload(op)
+        if functional is not None and (
+            functional in LOWERINGS or functional in torch._decomp.decomposition_table
+        ):
+            return _run_out_variant(plan, functional, args, kwargs)
+    return _cpu_fallback(plan, args, kwargs)
+
+
+def _check_devices(args) -> None:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type != NEURON and a.dim() != 0:
+            raise _device_mismatch(a.device)
+
+
+_library: torch.library.Library | None = None
+
+
+def install() -> None:
+    global _library
+    if _library is not None:
+        return
+    from . import copy as _copy  # noqa: F401  (registers the copy/factory/resize handlers)
+
+    _library = torch.library.Library("_", "IMPL")
+    _library.fallback(neuron_fallback, "PrivateUse1")
+    # Structured ops have composite functional/in-place kernels that would route every call
+    # through `op.out` plus an `empty`; a direct kernel for each lowered op saves that hop.
+    global _aten_library
+    _aten_library = torch.library.Library("aten", "IMPL")
+    direct = set(LOWERINGS) | set(SPECIAL)
+    for op in list(LOWERINGS):
+        inplace = _inplace_overload(op)
+        if inplace is not None:
+            direct.add(inplace)
+    for op in direct:
+        _aten_library.impl(op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else ""),
+                           _direct_kernel(op), "PrivateUse1")
+
+
+_aten_library: torch.library.Library | None = None
+
+
+def _inplace_overload(op: OpOverload) -> OpOverload | None:
+    name = op._schema.name.split("::")[1]
+    packet = getattr(aten, name + "_", None)
+    if packet is None:
+        return None
+    return getattr(packet, op._overloadname, None)
+
+
+def _direct_kernel(op: OpOverload) -> Callable:
+    def kernel(*args, **kwargs):
+        return neuron_fallback(op, *args, **kwargs)
+
+    return kernel
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """The logical value of a neuron tensor as a NumPy array (synchronizes)."""
+    return np.asarray(jax.device_get(logical_array(t)))
+
+
+def logical_array(t: torch.Tensor) -> jax.Array:
+    """The logical value of a neuron tensor as a jax.Array of its shape."""
+    buf = storage.storage_buffer(t.untyped_storage(), t.dtype)
+    spec = views.spec_of(t, buf.shape[0])
+    if spec.mode == views.FULL:
+        return buf.reshape(spec.shape)
+    return _gather_jit(buf, t.storage_offset(), spec)
+
+
+_gather_jit = jax.jit(views.gather, static_argnums=(2,))

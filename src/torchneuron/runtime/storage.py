@@ -1,0 +1,168 @@
+"""Device storages and the payloads behind them.
+
+Every neuron tensor has a real `StorageImpl` of the right byte size with a unique synthetic
+address, so views, `data_ptr()` and `untyped_storage()` behave as on any PyTorch device. The
+data lives on the storage as a `Payload`: a flat 1-D `jax.Array` in one element dtype. This is
+the only module that touches payloads, so a deferred value can later stand in for the array.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..lowerings.dtypes import to_jax_dtype
+from . import platform
+
+aten = torch.ops.aten
+CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = aten.set_.source_Storage_storage_offset
+_ADDRESS_ALIGN = 1 << 12
+_addresses = itertools.count(1 << 44, _ADDRESS_ALIGN)
+_PAYLOAD_ATTR = "_neuron_payload"
+
+
+class _MemoryStats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.allocated = 0
+        self.peak = 0
+        self.num_alloc = 0
+        self.num_free = 0
+
+
+STATS = _MemoryStats()
+
+
+class Payload:
+    """The device data of one storage: `buf` is flat, `dtype` is its torch element dtype.
+
+    `buf is None` means the storage has never been written (`torch.empty`): it reads as zeros
+    and is materialized on first use, so allocation never pays for a fill.
+    """
+
+    __slots__ = ("buf", "dtype", "nbytes", "__weakref__")
+
+    def __init__(self, nbytes: int, dtype: torch.dtype, buf: jax.Array | None = None) -> None:
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.buf = buf
+        with STATS.lock:
+            STATS.allocated += nbytes
+            STATS.num_alloc += 1
+            if STATS.allocated > STATS.peak:
+                STATS.peak = STATS.allocated
+
+    def __del__(self) -> None:
+        with STATS.lock:
+            STATS.allocated -= self.nbytes
+            STATS.num_free += 1
+
+
+def _device(index: int) -> torch.device:
+    return torch.device("neuron", index)
+
+
+def new_storage(nbytes: int, dtype: torch.dtype, buf=None, device_index: int = 0):
+    """A fresh neuron `UntypedStorage` of `nbytes` bytes carrying a payload."""
+    storage = torch._C._construct_storage_from_data_pointer(
+        next(_addresses) if nbytes else 0, _device(device_index), nbytes
+    )
+    if nbytes:
+        # Leave room so no two storages' address ranges overlap.
+        for _ in range((nbytes - 1) // _ADDRESS_ALIGN):
+            next(_addresses)
+    setattr(storage, _PAYLOAD_ATTR, Payload(nbytes, dtype, buf))
+    if buf is not None:
+        _LATEST[0] = buf
+    return storage
+
+
+def payload_of(storage) -> Payload:
+    payload = getattr(storage, _PAYLOAD_ATTR, None)
+    if payload is None:
+        # A storage made by PyTorch itself (e.g. `torch.UntypedStorage(n, device="neuron")`).
+        payload = Payload(storage.nbytes(), torch.uint8)
+        setattr(storage, _PAYLOAD_ATTR, payload)
+    return payload
+
+
+def storage_size_for(shape, stride, offset: int = 0) -> int:
+    """Number of elements a storage needs for the given view (0 for an empty tensor)."""
+    if any(s == 0 for s in shape):
+        return 0
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def attach(tensor: torch.Tensor, storage, offset: int, shape, stride) -> torch.Tensor:
+    """Point `tensor` at `storage` (metadata only, through the CPU kernel of `set_`)."""
+    _set_storage.redispatch(CPU_KEYS, tensor, storage, offset, shape, stride)
+    return tensor
+
+
+def new_tensor(shape, dtype: torch.dtype, stride=None, buf=None, device_index: int = 0):
+    """A neuron tensor with its own storage; `buf` (flat, memory order) or uninitialized."""
+    shape = tuple(shape)
+    stride = contiguous_strides(shape) if stride is None else tuple(stride)
+    numel = storage_size_for(shape, stride)
+    storage = new_storage(numel * dtype.itemsize, dtype, buf, device_index)
+    tensor = torch._C._acc.create_empty_tensor(shape, dtype)
+    return attach(tensor, storage, 0, shape, stride)
+
+
+def storage_buffer(storage, dtype: torch.dtype) -> jax.Array:
+    """The flat payload of `storage` viewed as `dtype` (materialized, reinterpreted if needed)."""
+    payload = payload_of(storage)
+    buf = payload.buf
+    if buf is None:
+        count = payload.nbytes // dtype.itemsize
+        buf = jnp.zeros((count,), to_jax_dtype(dtype), device=platform.jax_device(0))
+        payload.buf, payload.dtype = buf, dtype
+        return buf
+    if payload.dtype != dtype:
+        buf = reinterpret(buf, payload.dtype, dtype)
+        payload.buf, payload.dtype = buf, dtype
+    return buf
+
+
+def set_storage_buffer(storage, buf: jax.Array, dtype: torch.dtype) -> None:
+    payload = payload_of(storage)
+    payload.buf, payload.dtype = buf, dtype
+    _LATEST[0] = buf
+
+
+# The most recently produced buffer: PJRT runs a device's work in order, so waiting for it
+# waits for everything queued before it (`torch.neuron.synchronize`).
+_LATEST: list = [None]
+
+
+def wait_for_pending() -> None:
+    latest = _LATEST[0]
+    if latest is not None:
+        latest.block_until_ready()
+
+
+def reinterpret(buf: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:
+    """Reinterpret the bytes of a flat buffer as another dtype (`Tensor.view(dtype)`)."""
+    raw = np.asarray(jax.device_get(buf)).view(np.uint8) if buf.size else np.zeros(0, np.uint8)
+    count = raw.size // dst.itemsize
+    out = raw[: count * dst.itemsize].view(to_jax_dtype(dst))
+    return jax.device_put(out, platform.jax_device(0))
+
+
+def host_to_buffer(array: np.ndarray) -> jax.Array:
+    return jax.device_put(np.ascontiguousarray(array).reshape(-1), platform.jax_device(0))

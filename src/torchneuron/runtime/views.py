@@ -1,0 +1,88 @@
+"""Reading and writing a strided view of a flat storage buffer, inside traced JAX code.
+
+A tensor argument reaches a compiled op as its storage's flat buffer plus a static `ViewSpec`
+(and a traced storage offset when not zero), so view reads and in-place writes through views
+fuse into the op's executable instead of costing separate eager steps.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+FULL = 0  # contiguous and exactly covers its storage: a reshape
+SLICE = 1  # contiguous at an offset: a dynamic slice
+STRIDED = 2  # anything else: a gather by computed indices
+
+
+class ViewSpec(NamedTuple):
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    mode: int
+
+
+def spec_of(tensor, storage_numel: int) -> ViewSpec:
+    shape = tuple(tensor.shape)
+    stride = tensor.stride()
+    if tensor.is_contiguous():
+        numel = tensor.numel()
+        if tensor.storage_offset() == 0 and numel == storage_numel:
+            return ViewSpec(shape, stride, FULL)
+        return ViewSpec(shape, stride, SLICE)
+    return ViewSpec(shape, stride, STRIDED)
+
+
+def _element_indices(shape, stride, offset):
+    idx = offset
+    for dim, (size, step) in enumerate(zip(shape, stride)):
+        if size != 1 and step != 0:
+            idx = idx + lax.broadcasted_iota(jnp.int64, shape, dim) * step
+    return jnp.broadcast_to(idx, shape)
+
+
+def gather(buf, offset, spec: ViewSpec):
+    shape = spec.shape
+    if spec.mode == FULL:
+        return buf.reshape(shape)
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel == 0:
+        return jnp.zeros(shape, buf.dtype)
+    if spec.mode == SLICE:
+        return lax.dynamic_slice(buf, (offset,), (numel,)).reshape(shape)
+    return buf[_element_indices(shape, spec.stride, offset)]
+
+
+def scatter(buf, offset, value, spec: ViewSpec):
+    """The new flat buffer after writing `value` (already of the view's shape) into the view."""
+    if spec.mode == FULL:
+        return value.reshape(-1)
+    if value.size == 0:
+        return buf
+    if spec.mode == SLICE:
+        return lax.dynamic_update_slice(buf, value.reshape(-1), (offset,))
+    return buf.at[_element_indices(spec.shape, spec.stride, offset)].set(value)
+
+
+def dense_permutation(shape, stride) -> tuple[int, ...] | None:
+    """Axis order (outermost first) if the strides describe a dense, non-overlapping layout."""
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], -d))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return tuple(order)
+
+
+def to_memory_order(value, stride):
+    """Flatten `value` so that element i sits where the given (dense) strides put it."""
+    if value.ndim <= 1:
+        return value.reshape(-1)
+    perm = dense_permutation(value.shape, stride)
+    if perm is None or perm == tuple(range(value.ndim)):
+        return value.reshape(-1)
+    return jnp.transpose(value, perm).reshape(-1)
