@@ -35,7 +35,7 @@ aten = torch.ops.aten
 OpOverload = torch._ops.OpOverload
 
 # Argument kinds, read from the schema once per overload.
-STATIC, SCALAR, TENSOR, TENSOR_LIST, OPT_TENSOR_LIST = range(5)
+STATIC, SCALAR, TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, GENERATOR = range(6)
 
 NEURON = "neuron"
 
@@ -71,6 +71,8 @@ def _kind_of(arg_type: torch._C.JitType) -> int:
         return OPT_TENSOR_LIST
     if text in ("Scalar", "Scalar?", "float", "float?", "complex"):
         return SCALAR
+    if text in ("Generator?", "Generator"):
+        return GENERATOR
     return STATIC
 
 
@@ -201,6 +203,8 @@ def _collect(plan: OpPlan, values: list) -> tuple[tuple, list]:
     for kind, value in zip(plan.kinds, values):
         if kind == STATIC:
             key.append(_hashable(value))
+        elif kind == GENERATOR:
+            key.append(None)  # the draw is an executable input, see run_lowered
         elif kind == SCALAR:
             if value is None:
                 key.append(None)
@@ -238,6 +242,8 @@ def _rebuild(plan: OpPlan, key: tuple, inputs, static_values: list) -> list:
     for kind, k, static in zip(plan.kinds, key, static_values):
         if kind == STATIC:
             values.append(static)
+        elif kind == GENERATOR:
+            values.append(None)
         elif kind == SCALAR:
             values.append(None if k is None else next(it))
         elif kind == TENSOR:
@@ -510,7 +516,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
         t = values[i] if j is None else values[i][j]
         buf = None if spec.mode == views.FULL else storage.storage_buffer(t.untyped_storage(), dtype)
         write_inputs.append((buf, 0 if spec.mode == views.FULL else t.storage_offset()))
-    draw = rng.split_draw(rng.generator(0).next_draw()) if lowering.rng else None
+    draw = rng.split_draw(rng.next_draw(_generator_arg(plan, values))) if lowering.rng else None
     outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
     if check is not None and bool(check):
         raise IndexError(ex.index_error)
@@ -521,6 +527,13 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
         _finish_fresh_meta(ex, outputs)
     NATIVE_COUNTS[plan.name] += 1
     return _assemble_returns(plan, ex, values, outputs)
+
+
+def _generator_arg(plan: OpPlan, values: list):
+    for kind, value in zip(plan.kinds, values):
+        if kind == GENERATOR:
+            return value
+    return None
 
 
 def _assemble_returns(plan: OpPlan, ex: _Executable, values: list, outputs: list) -> Any:
@@ -646,6 +659,7 @@ def _run_out_variant(plan: OpPlan, functional: OpOverload, args: tuple, kwargs: 
 # The fallback itself
 
 SPECIAL: dict[OpOverload, Callable] = {}
+_decomposing: set[OpOverload] = set()
 
 
 def special(*ops: OpOverload) -> Callable[[Callable], Callable]:
@@ -671,9 +685,15 @@ def neuron_fallback(op: OpOverload, *args, **kwargs) -> Any:
         return op.redispatch(CPU_KEYS, *args, **kwargs)
     if plan.functional is not None:
         return run_lowered(plan, LOWERINGS[plan.functional], args, kwargs)
-    if plan.decomposition is not None:
+    if plan.decomposition is not None and op not in _decomposing:
+        # Some decompositions come back to the op they decompose (through prims); the guard
+        # sends such a re-entry to the CPU path instead of recursing.
         DECOMP_COUNTS[plan.name] += 1
-        return plan.decomposition(*args, **kwargs)
+        _decomposing.add(op)
+        try:
+            return plan.decomposition(*args, **kwargs)
+        finally:
+            _decomposing.discard(op)
     if plan.out_args:
         functional = _functional_overload(op)
         if functional is not None and (

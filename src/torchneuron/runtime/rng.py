@@ -53,6 +53,14 @@ def generator(index: int = 0) -> DeviceGenerator:
     return GENERATORS[index]
 
 
+def next_draw(explicit=None) -> tuple[int, int]:
+    """(seed, offset) for one random op: from `explicit` (a torch.Generator passed to the op)
+    or from the current device's default generator."""
+    if explicit is not None:
+        raise RuntimeError("torchneuron: explicit torch.Generator objects are not supported yet")
+    return generator(0).next_draw()
+
+
 def seed_fresh(index: int = 0) -> int:
     seed = random.getrandbits(63)
     generator(index).manual_seed(seed)
