@@ -1,3 +1,66 @@
-"""factory lowerings."""
+"""Ops that create values from sizes and scalars (the allocation itself is the runtime's)."""
 
 from __future__ import annotations
+
+import jax.numpy as jnp
+
+import torch
+
+from .dtypes import to_jax_dtype
+from .registry import lowers
+
+aten = torch.ops.aten
+
+
+def _dtype(dtype):
+    return to_jax_dtype(dtype or torch.get_default_dtype())
+
+
+@lowers(aten.full.default, static=("size",))
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(tuple(size), fill_value, _dtype(dtype))
+
+
+@lowers(aten.scalar_tensor.default)
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(s, _dtype(dtype))
+
+
+@lowers(aten.arange.start_step, static=("start", "end", "step"))
+def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is None:
+        is_int = all(isinstance(v, int | bool) for v in (start, end, step))
+        dtype = torch.int64 if is_int else torch.get_default_dtype()
+    jdtype = to_jax_dtype(dtype)
+    count = _arange_length(start, end, step)
+    # Computed in float64/int64 then cast, as PyTorch does (start + i * step).
+    wide = jnp.int64 if jnp.issubdtype(jdtype, jnp.integer) else jnp.float64
+    return (start + jnp.arange(count, dtype=wide) * step).astype(jdtype)
+
+
+def _arange_length(start, end, step) -> int:
+    import math
+
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    return max(0, math.ceil((end - start) / step))
+
+
+@lowers(aten.linspace.default, static=("start", "end", "steps"))
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    jdtype = _dtype(dtype)
+    if steps == 1:
+        return jnp.full((1,), start, jdtype)
+    step = (end - start) / (steps - 1)
+    idx = jnp.arange(steps, dtype=jnp.float64)
+    # PyTorch fills the first half from `start` and the second half from `end` (symmetry).
+    halfway = steps // 2
+    values = jnp.where(idx < halfway, start + step * idx, end - step * (steps - 1 - idx))
+    if jnp.issubdtype(jdtype, jnp.integer):
+        values = jnp.trunc(values)
+    return values.astype(jdtype)
+
+
+@lowers(aten.eye.default, aten.eye.m, static=("n", "m"))
+def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, n if m is None else m, dtype=_dtype(dtype))

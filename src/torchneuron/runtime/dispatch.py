@@ -61,19 +61,23 @@ def _device_mismatch(other: torch.device) -> RuntimeError:
     )
 
 
+_KINDS = {
+    "Tensor": TENSOR,
+    "Optional[Tensor]": TENSOR,
+    "List[Tensor]": TENSOR_LIST,
+    "List[Optional[Tensor]]": OPT_TENSOR_LIST,
+    "number": SCALAR,
+    "Optional[number]": SCALAR,
+    "float": SCALAR,
+    "Optional[float]": SCALAR,
+    "complex": SCALAR,
+    "Generator": GENERATOR,
+    "Optional[Generator]": GENERATOR,
+}
+
+
 def _kind_of(arg_type: torch._C.JitType) -> int:
-    text = str(arg_type)
-    if text in ("Tensor", "Tensor?"):
-        return TENSOR
-    if text == "Tensor[]":
-        return TENSOR_LIST
-    if text == "Tensor?[]":
-        return OPT_TENSOR_LIST
-    if text in ("Scalar", "Scalar?", "float", "float?", "complex"):
-        return SCALAR
-    if text in ("Generator?", "Generator"):
-        return GENERATOR
-    return STATIC
+    return _KINDS.get(str(arg_type), STATIC)
 
 
 def _functional_overload(op: OpOverload) -> OpOverload | None:
@@ -119,6 +123,7 @@ class OpPlan:
         self.kinds = [_kind_of(a.type) for a in self.arguments]
         self.defaults = [a.default_value if a.has_default_value() else None for a in self.arguments]
         self.num_positional = sum(1 for a in self.arguments if not a.kwarg_only)
+        self.num_arguments = len(self.arguments)
         self.mutated = [i for i, a in enumerate(self.arguments) if a.alias_info and a.alias_info.is_write]
         self.out_args = [i for i in self.mutated if self.arguments[i].kwarg_only]
         returns = schema.returns
@@ -129,7 +134,7 @@ class OpPlan:
         self.fresh_returns = [i for i, r in enumerate(returns) if r.alias_info is None]
         self.return_types = [str(r.type) for r in returns]
         self.returns_scalar = len(returns) == 1 and self.return_types[0] in (
-            "int", "float", "bool", "Scalar", "complex", "SymInt",
+            "int", "float", "bool", "number", "complex",
         )
         self.lowering: Lowering | None = LOWERINGS.get(op)
         self.functional: OpOverload | None = None
@@ -148,8 +153,8 @@ class OpPlan:
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         values = list(args)
-        if len(values) < len(self.arguments):
-            for i in range(len(values), len(self.arguments)):
+        if len(values) < self.num_arguments:
+            for i in range(len(values), self.num_arguments):
                 name = self.arg_names[i]
                 values.append(kwargs[name] if name in kwargs else self.defaults[i])
         return values
@@ -554,7 +559,7 @@ def _assemble_returns(plan: OpPlan, ex: _Executable, values: list, outputs: list
     mutated_iter = iter(plan.mutated)
     for rtype, is_fresh in zip(plan.return_types, (i in plan.fresh_returns for i in range(n_returns))):
         if is_fresh:
-            if rtype.startswith("Tensor[]") or rtype == "Tensor[]":
+            if rtype == "List[Tensor]":
                 results.append(list(fresh_iter))
             else:
                 results.append(next(fresh_iter))
@@ -639,7 +644,18 @@ def _run_out_variant(plan: OpPlan, functional: OpOverload, args: tuple, kwargs: 
     func_values = [v for i, v in enumerate(values) if i not in plan.out_args]
     func_plan = plan_for(functional)
     pos, kw = func_plan.split(func_values)
-    result = functional(*pos, **kw)
+    # Call the functional op's decomposition, not the op: for structured ops the functional
+    # kernel of a PrivateUse1 device is a composite that calls this very `out` overload.
+    decomposition = torch._decomp.decomposition_table.get(functional)
+    if functional in LOWERINGS or decomposition is None or functional in _decomposing:
+        result = functional(*pos, **kw)
+    else:
+        DECOMP_COUNTS[str(functional)] += 1
+        _decomposing.add(functional)
+        try:
+            result = decomposition(*pos, **kw)
+        finally:
+            _decomposing.discard(functional)
     results = _flatten_results(result)
     metas = _meta_tensors(meta) if meta is not None else results
     for out, res, m in zip(outs, results, metas):

@@ -12,6 +12,7 @@ import os
 import jax
 
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 DEFAULT_PLATFORM = "cpu"
 
