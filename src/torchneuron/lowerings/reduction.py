@@ -1,3 +1,515 @@
-"""reduction lowerings."""
+"""Reductions, scans and sorts.
+
+Conventions shared by this module:
+
+- `dim` arguments arrive as concrete ints or lists; PyTorch's meta kernel has already
+  rejected bad dims, so they only need wrapping. `None` or `[]` reduces every dimension.
+- Results are cast by the runtime to the dtype the meta kernel reports; these functions pick
+  the dtype to *accumulate* in (int64 for integer sums, float32 for half floats, the `dtype=`
+  argument when given) so that the cast only rounds the finished value.
+- NaN ordering follows PyTorch: NaN compares largest in sorts and propagates through
+  max/min; index results point at the first occurrence unless PyTorch documents otherwise.
+"""
 
 from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .dtypes import float_or_default, to_jax_dtype
+from .registry import lowers
+
+aten = torch.ops.aten
+INDEX = jnp.int64
+_HALF = (jnp.float16, jnp.bfloat16)
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def _axes(x, dim) -> tuple[int, ...]:
+    """Normalized reduction axes; `None`/`[]` means all of them; a 0-d tensor has none."""
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
+        return tuple(range(x.ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    if x.ndim == 0:
+        return ()
+    return tuple(sorted({d % x.ndim for d in dim}))
+
+
+def _axis(x, dim: int) -> int | None:
+    """One normalized axis, or None for a 0-d tensor (where dims 0 and -1 are accepted)."""
+    return None if x.ndim == 0 else dim % x.ndim
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _accumulate(x, dtype=None):
+    """Cast to the dtype a sum/prod/cumsum accumulates in, as PyTorch does."""
+    if dtype is not None:
+        x = x.astype(to_jax_dtype(dtype))
+    elif x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer):
+        x = x.astype(jnp.int64)
+    if x.dtype in _HALF:
+        x = x.astype(jnp.float32)
+    return x
+
+
+def _upcast_half(x):
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+def _reduced_shape(x, axes, keepdim):
+    return tuple(1 if i in axes else s for i, s in enumerate(x.shape) if keepdim or i not in axes)
+
+
+def _isnan(x):
+    return jnp.isnan(x) if _is_float(x) else jnp.zeros(x.shape, bool)
+
+
+def _keep(value, axis, keepdim):
+    return jnp.expand_dims(value, axis) if keepdim else value
+
+
+# ---- sums and means --------------------------------------------------------------------
+
+
+@lowers(aten.sum.dim_IntList)
+def sum_dim(x, dim, keepdim=False, *, dtype=None):
+    return jnp.sum(_accumulate(x, dtype), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.sum.default)
+def sum_all(x, *, dtype=None):
+    return jnp.sum(_accumulate(x, dtype))
+
+
+@lowers(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    x = _accumulate(x, dtype)
+    if _is_float(x):
+        x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+    return jnp.sum(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.mean.dim)
+def mean_dim(x, dim, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = x.astype(to_jax_dtype(dtype))
+    return jnp.mean(_upcast_half(x), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.mean.default)
+def mean_all(x, *, dtype=None):
+    return mean_dim(x, None, dtype=dtype)
+
+
+@lowers(aten.prod.default)
+def prod_all(x, *, dtype=None):
+    return jnp.prod(_accumulate(x, dtype))
+
+
+@lowers(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, *, dtype=None):
+    return jnp.prod(_accumulate(x, dtype), axis=_axis(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.count_nonzero.dim_IntList)
+def count_nonzero_dims(x, dim):
+    return jnp.sum(x != 0, axis=_axes(x, dim), dtype=INDEX)
+
+
+@lowers(aten.count_nonzero.default)
+def count_nonzero(x, dim=None):
+    return count_nonzero_dims(x, dim)
+
+
+# ---- variance --------------------------------------------------------------------------
+
+
+def _var_mean(x, dim, correction, keepdim):
+    x = _upcast_half(x)
+    axes = _axes(x, dim)
+    n = math.prod(x.shape[a] for a in axes)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    diff = x - mean
+    sq = jnp.real(diff * jnp.conj(diff)) if jnp.iscomplexobj(diff) else diff * diff
+    correction = 1 if correction is None else correction
+    var = jnp.sum(sq, axis=axes, keepdims=keepdim) / jnp.maximum(n - correction, 0)
+    if not keepdim:
+        mean = jnp.squeeze(mean, axes)
+    return var, mean
+
+
+@lowers(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)[0]
+
+
+@lowers(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_var_mean(x, dim, correction, keepdim)[0])
+
+
+@lowers(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)
+
+
+@lowers(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, m = _var_mean(x, dim, correction, keepdim)
+    return jnp.sqrt(v), m
+
+
+# ---- max / min -------------------------------------------------------------------------
+
+
+@lowers(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    axes = _axes(x, dim)
+    return jnp.min(x, axis=axes, keepdims=keepdim), jnp.max(x, axis=axes, keepdims=keepdim)
+
+
+def _full_reduction(name, reduce):
+    def lower(x):
+        if x.size == 0:
+            raise RuntimeError(
+                f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                "Specify the reduction dim with the 'dim' argument."
+            )
+        return reduce(x)
+
+    return lower
+
+
+lowers(aten.max.default)(_full_reduction("max", jnp.max))
+lowers(aten.min.default)(_full_reduction("min", jnp.min))
+
+
+def _dim_reduction(name, reduce, arg_reduce):
+    def lower(x, dim, keepdim=False):
+        axis = _axis(x, dim)
+        if axis is None:
+            return x, jnp.zeros((), INDEX)
+        if x.shape[axis] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {dim} to have non-zero size.")
+        return (reduce(x, axis=axis, keepdims=keepdim),
+                arg_reduce(x, axis=axis, keepdims=keepdim).astype(INDEX))
+
+    return lower
+
+
+lowers(aten.max.dim)(_dim_reduction("max", jnp.max, jnp.argmax))
+lowers(aten.min.dim)(_dim_reduction("min", jnp.min, jnp.argmin))
+
+
+def _arg_reduction(arg_reduce):
+    def lower(x, dim=None, keepdim=False):
+        if dim is None:
+            idx = arg_reduce(x.reshape(-1)).astype(INDEX)
+            return idx.reshape((1,) * x.ndim) if keepdim else idx
+        axis = _axis(x, dim)
+        if axis is None:
+            return jnp.zeros((), INDEX)
+        return arg_reduce(x, axis=axis, keepdims=keepdim).astype(INDEX)
+
+    return lower
+
+
+lowers(aten.argmax.default)(_arg_reduction(jnp.argmax))
+lowers(aten.argmin.default)(_arg_reduction(jnp.argmin))
+
+
+# ---- all / any -------------------------------------------------------------------------
+
+
+def _truthy(x):
+    return x if x.dtype == jnp.bool_ else x != 0
+
+
+@lowers(aten.all.default)
+def all_(x):
+    return jnp.all(_truthy(x))
+
+
+@lowers(aten.all.dim)
+def all_dim(x, dim, keepdim=False):
+    return jnp.all(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.all.dims)
+def all_dims(x, dim=None, keepdim=False):
+    return jnp.all(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.any.default)
+def any_(x):
+    return jnp.any(_truthy(x))
+
+
+@lowers(aten.any.dim)
+def any_dim(x, dim, keepdim=False):
+    return jnp.any(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowers(aten.any.dims)
+def any_dims(x, dim=None, keepdim=False):
+    return jnp.any(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
+
+
+# ---- logsumexp and norms ---------------------------------------------------------------
+
+
+@lowers(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    x = _upcast_half(float_or_default(x))
+    axes = _axes(x, dim)
+    if any(x.shape[a] == 0 for a in axes):
+        return jnp.full(_reduced_shape(x, axes, keepdim), -jnp.inf, x.dtype)
+    return jax.scipy.special.logsumexp(x, axis=axes, keepdims=keepdim)
+
+
+def _vector_norm(x, ord, dim, keepdim, dtype):
+    if dtype is not None:
+        x = x.astype(to_jax_dtype(dtype))
+    a = _upcast_half(jnp.abs(float_or_default(x)))
+    axes = _axes(a, dim)
+    ord = float(ord)
+    if ord == math.inf:
+        return jnp.max(a, axis=axes, keepdims=keepdim)
+    if ord == -math.inf:
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum(a != 0, axis=axes, keepdims=keepdim).astype(a.dtype)
+    if ord == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a ** ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lowers(aten.linalg_vector_norm.default, static=("ord",))
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    return _vector_norm(x, ord, dim, keepdim, dtype)
+
+
+@lowers(aten.norm.Scalar, static=("p",))
+def norm_scalar(x, p=2):
+    return _vector_norm(x, 2 if p is None else p, None, False, None)
+
+
+@lowers(aten.norm.ScalarOpt_dim, static=("p",))
+def norm_dim(x, p, dim, keepdim=False):
+    return _vector_norm(x, 2 if p is None else p, dim, keepdim, None)
+
+
+@lowers(aten.norm.ScalarOpt_dim_dtype, static=("p",))
+def norm_dim_dtype(x, p, dim, keepdim, *, dtype):
+    return _vector_norm(x, 2 if p is None else p, dim, keepdim, dtype)
+
+
+@lowers(aten.norm.ScalarOpt_dtype, static=("p",))
+def norm_dtype(x, p, *, dtype):
+    return _vector_norm(x, 2 if p is None else p, None, False, dtype)
+
+
+# ---- scans -----------------------------------------------------------------------------
+
+
+@lowers(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    x = _accumulate(x, dtype)
+    axis = _axis(x, dim)
+    return x if axis is None else jnp.cumsum(x, axis=axis)
+
+
+@lowers(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    x = _accumulate(x, dtype)
+    axis = _axis(x, dim)
+    return x if axis is None else jnp.cumprod(x, axis=axis)
+
+
+@lowers(aten.logcumsumexp.default, aten._logcumsumexp.default)
+def logcumsumexp(x, dim):
+    x = _upcast_half(float_or_default(x))
+    axis = _axis(x, dim)
+    if axis is None or x.shape[axis] == 0:
+        return x
+    return lax.cumlogsumexp(x, axis=axis)
+
+
+def _cum_extreme(better):
+    """cummax/cummin: the running extreme and the index of its *latest* occurrence.
+
+    PyTorch takes a new element when it is NaN or ties-or-beats the running value, unless
+    the running value is already NaN; that choice is associative, so it scans in parallel.
+    """
+
+    def combine(a, b):
+        va, ia = a
+        vb, ib = b
+        take_b = better(vb, va)
+        if _is_float(vb):
+            take_b = jnp.isnan(vb) | (~jnp.isnan(va) & take_b)
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    def lower(x, dim):
+        axis = _axis(x, dim)
+        if axis is None:
+            return x, jnp.zeros((), INDEX)
+        if x.shape[axis] == 0:
+            return x, jnp.zeros(x.shape, INDEX)
+        idx = lax.broadcasted_iota(INDEX, x.shape, axis)
+        return lax.associative_scan(combine, (x, idx), axis=axis)
+
+    return lower
+
+
+lowers(aten.cummax.default)(_cum_extreme(lambda new, old: new >= old))
+lowers(aten.cummin.default)(_cum_extreme(lambda new, old: new <= old))
+
+
+# ---- sorting ---------------------------------------------------------------------------
+
+
+def _sort(x, axis, descending):
+    """Stable sort along `axis` with NaN largest: (values, int64 indices)."""
+    idx = lax.broadcasted_iota(INDEX, x.shape, axis)
+    if x.shape[axis] <= 1:
+        return x, idx
+    if not descending:
+        return lax.sort((x, idx), dimension=axis, is_stable=True, num_keys=1)
+    # Ascending on (value, -index) reversed: values descend, equal values keep their order.
+    values, neg_idx = lax.sort((x, -idx), dimension=axis, is_stable=True, num_keys=2)
+    return lax.rev(values, (axis,)), -lax.rev(neg_idx, (axis,))
+
+
+@lowers(aten.sort.default, aten.sort.stable)
+def sort(x, dim=-1, descending=False, *, stable=None):
+    axis = _axis(x, dim)
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    return _sort(x, axis, descending)
+
+
+@lowers(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    axis = _axis(x, dim)
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    values, idx = _sort(x, axis, largest)
+    return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(idx, 0, k, axis=axis)
+
+
+def _select(values, idx, position, axis, keepdim):
+    """Take `position` (int or array broadcastable with keepdims) along `axis`."""
+    if isinstance(position, int):
+        v = lax.slice_in_dim(values, position, position + 1, axis=axis)
+        i = lax.slice_in_dim(idx, position, position + 1, axis=axis)
+    else:
+        v = jnp.take_along_axis(values, position, axis=axis)
+        i = jnp.take_along_axis(idx, position, axis=axis)
+    if not keepdim:
+        v, i = jnp.squeeze(v, axis), jnp.squeeze(i, axis)
+    return v, i
+
+
+@lowers(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    axis = _axis(x, dim)
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    values, idx = _sort(x, axis, False)
+    return _select(values, idx, k - 1, axis, keepdim)
+
+
+def _median(x, axis, keepdim, ignore_nan):
+    values, idx = _sort(x, axis, False)
+    n = x.shape[axis]
+    nan = _isnan(x)
+    if ignore_nan:
+        count = n - jnp.sum(nan, axis=axis, keepdims=True)
+        position = jnp.maximum((count - 1) // 2, 0).astype(INDEX)
+        return _select(values, idx, position, axis, keepdim)
+    v, i = _select(values, idx, (n - 1) // 2, axis, keepdim)
+    if _is_float(x):
+        # Any NaN makes the median NaN, reported at the first NaN.
+        has_nan = jnp.any(nan, axis=axis, keepdims=keepdim)
+        first_nan = jnp.argmax(nan, axis=axis, keepdims=keepdim).astype(INDEX)
+        v = jnp.where(has_nan, jnp.asarray(jnp.nan, x.dtype), v)
+        i = jnp.where(has_nan, first_nan, i)
+    return v, i
+
+
+def _median_all(ignore_nan):
+    def lower(x):
+        flat = x.reshape(-1)
+        if flat.size == 0:
+            return jnp.asarray(jnp.nan, x.dtype) if _is_float(x) else jnp.zeros((), x.dtype)
+        return _median(flat, 0, False, ignore_nan)[0]
+
+    return lower
+
+
+def _median_dim(ignore_nan):
+    def lower(x, dim, keepdim=False):
+        axis = _axis(x, dim)
+        if axis is None:
+            return x, jnp.zeros((), INDEX)
+        return _median(x, axis, keepdim, ignore_nan)
+
+    return lower
+
+
+lowers(aten.median.default)(_median_all(False))
+lowers(aten.nanmedian.default)(_median_all(True))
+lowers(aten.median.dim)(_median_dim(False))
+lowers(aten.nanmedian.dim)(_median_dim(True))
+
+
+def _mode_1d(row):
+    """Most frequent value (smallest on ties) and the index of its last occurrence."""
+    n = row.shape[0]
+    values, idx = _sort(row, 0, False)
+    start = jnp.concatenate([jnp.ones((1,), bool), values[1:] != values[:-1]])
+    run = jnp.cumsum(start) - 1
+    length = jax.ops.segment_sum(jnp.ones((n,), INDEX), run, num_segments=n)
+    first = jnp.argmax(length[run])  # first position of the first longest run
+    last = first + length[run[first]] - 1
+    return values[first], idx[last]
+
+
+@lowers(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    axis = _axis(x, dim)
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    moved = jnp.moveaxis(x, axis, -1)
+    batch = moved.shape[:-1]
+    n = moved.shape[-1]
+    if n == 0 or math.prod(batch) == 0:
+        v = jnp.zeros(batch, x.dtype)
+        i = jnp.zeros(batch, INDEX)
+    else:
+        v, i = jax.vmap(_mode_1d)(moved.reshape(-1, n))
+        v, i = v.reshape(batch), i.reshape(batch)
+    return _keep(v, axis, keepdim), _keep(i, axis, keepdim)
