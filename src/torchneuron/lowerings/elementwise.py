@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
-
 import torch
+from jax import lax
 
 from .registry import lowers
 

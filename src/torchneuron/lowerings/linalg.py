@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
-
 import torch
+from jax import lax
 
 from .registry import lowers
 

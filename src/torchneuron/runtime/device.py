@@ -117,14 +117,21 @@ class NeuronModule:
         return [torch.bfloat16, torch.float16]
 
     # -- random numbers --------------------------------------------------------------
+    # State lives in runtime/rng.py: C++ default generators when the generator library is
+    # loaded, pure-Python ones otherwise. torch.manual_seed/torch.seed reach these through
+    # manual_seed_all (torch.random._seed_custom_device, with _is_in_bad_fork).
+    @property
+    def default_generators(self) -> tuple:
+        return rng.default_generators()
+
     @staticmethod
     def manual_seed(seed: int) -> None:
-        rng.generator(_current_device).manual_seed(int(seed))
+        rng.manual_seed(seed, _current_device)
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
         for i in range(device_count()):
-            rng.generator(i).manual_seed(int(seed))
+            rng.manual_seed(seed, i)
 
     @staticmethod
     def seed() -> None:
@@ -132,29 +139,31 @@ class NeuronModule:
 
     @staticmethod
     def seed_all() -> None:
+        seed = rng.seed_fresh(_current_device)
         for i in range(device_count()):
-            rng.seed_fresh(i)
+            if i != _current_device:
+                rng.manual_seed(seed, i)
 
     @staticmethod
     def initial_seed() -> int:
-        return rng.generator(_current_device).seed
+        return rng.initial_seed(_current_device)
 
     @staticmethod
     def get_rng_state(device: Any = "neuron") -> torch.Tensor:
-        return rng.generator(_index(device)).get_state()
+        return rng.get_state(_index(device))
 
     @staticmethod
     def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
-        rng.generator(_index(device)).set_state(new_state)
+        rng.set_state(new_state, _index(device))
 
     @staticmethod
     def get_rng_state_all() -> list[torch.Tensor]:
-        return [rng.generator(i).get_state() for i in range(device_count())]
+        return [rng.get_state(i) for i in range(device_count())]
 
     @staticmethod
     def set_rng_state_all(new_states) -> None:
         for i, state in enumerate(new_states):
-            rng.generator(i).set_state(state)
+            rng.set_state(state, i)
 
     # -- memory ----------------------------------------------------------------------
     @staticmethod
@@ -253,6 +262,9 @@ def register() -> None:
             _registered = True
             return
         module = NeuronModule()
+        # C++ hooks (explicit torch.Generator support) go first when they can be built;
+        # the Python hooks below are then skipped by PyTorch (one set per process).
+        rng.install()
         _setup_privateuseone_for_python_backend(
             DEVICE_NAME, backend_module=module, hook=_Hooks(), device_guard=_DeviceGuard()
         )

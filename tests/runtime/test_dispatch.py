@@ -1,0 +1,132 @@
+"""The boxed fallback: device checks, CPU fallback visibility, strict mode, op outputs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.runtime import dispatch
+
+DEV = "neuron"
+
+# An op nobody lowers and that has no decomposition: it must run on CPU, visibly.
+UNLOWERED = torch.ops.aten._cdist_forward.default
+
+
+def _unlowered_call():
+    a = torch.randn(3, 2)
+    b = torch.randn(4, 2)
+    cpu = UNLOWERED(a, b, 2.0, None)
+    dev = UNLOWERED(a.to(DEV), b.to(DEV), 2.0, None)
+    return cpu, dev
+
+
+def test_mixed_devices_raise_like_pytorch():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device=DEV) + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.mm(torch.ones(2, 2, device=DEV), torch.ones(2, 2))
+
+
+def test_zero_dim_cpu_tensor_mixes_like_pytorch():
+    x = torch.arange(3.0, device=DEV)
+    out = x * torch.tensor(2.0)
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), torch.arange(3.0) * 2)
+
+
+def test_fallback_runs_on_cpu_warns_once_and_counts(monkeypatch):
+    monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
+    dispatch._warned.discard(str(UNLOWERED))
+    before = torchneuron.fallback_ops().get(str(UNLOWERED), 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cpu, dev = _unlowered_call()
+        _unlowered_call()
+    ours = [w for w in caught if "_cdist_forward" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert dev.device.type == "neuron"
+    torch.testing.assert_close(dev.cpu(), cpu)
+    assert torchneuron.fallback_ops()[str(UNLOWERED)] == before + 2
+
+
+def test_strict_mode_raises_instead_of_falling_back(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_STRICT", "1")
+    with pytest.raises(NotImplementedError, match="_cdist_forward"):
+        _unlowered_call()
+
+
+def test_fallback_of_inplace_op_writes_back_through_view(monkeypatch):
+    monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
+    # `_cdist_forward` is functional; for in-place use an op we deliberately leave unlowered.
+    base = torch.zeros(3, 4, device=DEV)
+    cpu = torch.zeros(3, 4)
+    op = torch.ops.aten.polygamma_.default  # no lowering, no decomposition to our ops
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op(base[:, 1].fill_(0.5), 1)
+    op(cpu[:, 1].fill_(0.5), 1)
+    torch.testing.assert_close(base.cpu(), cpu)
+
+
+def test_multiple_outputs_and_in_place_return_identity():
+    x = torch.randn(4, 5)
+    values, indices = torch.ops.aten.max.dim(x.to(DEV), 1)
+    v_cpu, i_cpu = torch.ops.aten.max.dim(x, 1)
+    torch.testing.assert_close(values.cpu(), v_cpu)
+    assert torch.equal(indices.cpu(), i_cpu)
+    d = x.to(DEV)
+    assert d.add_(1) is d
+    assert d.clamp_(min=0) is d
+
+
+def test_scalar_arguments_do_not_recompile():
+    x = torch.ones(8, device=DEV)
+    plan = dispatch.plan_for(torch.ops.aten.mul.Tensor)
+    x * 0.5
+    n = len(plan.cache)
+    for lr in (0.1, 0.2, 0.3, 0.4):
+        x * lr
+    assert len(plan.cache) == n
+
+
+def test_dtype_promotion_matches_cpu():
+    cases = [
+        (torch.tensor([1, 2, 3]), 2.5),
+        (torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([1.5, 2.0, 3.0])),
+        (torch.tensor([1.0, 2.0], dtype=torch.float16), torch.tensor(3.0, dtype=torch.float64)),
+        (torch.tensor([True, False]), 3),
+        (torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([1, 2], dtype=torch.int8)),
+    ]
+    for a, b in cases:
+        b_dev = b.to(DEV) if isinstance(b, torch.Tensor) and b.dim() else b
+        for op in (torch.add, torch.mul, torch.div, torch.sub if a.dtype != torch.bool else torch.add):
+            expected = op(a, b)
+            got = op(a.to(DEV), b_dev)
+            assert got.dtype == expected.dtype, (op, a.dtype, b)
+            torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_float64_and_int64_stay_exact():
+    big = torch.tensor([2**53 + 1, -(2**62)], dtype=torch.int64)
+    assert torch.equal((big.to(DEV) + 0).cpu(), big)
+    x = torch.tensor([1.0 + 1e-15], dtype=torch.float64)
+    assert ((x.to(DEV) - 1.0).cpu() == x - 1.0).all()
+
+
+def test_nan_rules():
+    x = torch.tensor([float("nan"), 1.0, -1.0])
+    torch.testing.assert_close(torch.maximum(x.to(DEV), torch.zeros(3, device=DEV)).cpu(),
+                               torch.maximum(x, torch.zeros(3)), equal_nan=True)
+    torch.testing.assert_close(x.to(DEV).clamp(min=0).cpu(), x.clamp(min=0), equal_nan=True)
+    torch.testing.assert_close(torch.relu(x.to(DEV)).cpu(), torch.relu(x), equal_nan=True)
+
+
+def test_shape_mismatch_error_is_pytorchs():
+    with pytest.raises(RuntimeError, match="must match the size|broadcast"):
+        torch.ones(3, device=DEV) + torch.ones(4, device=DEV)
+    with pytest.raises(RuntimeError):
+        torch.mm(torch.ones(2, 3, device=DEV), torch.ones(2, 3, device=DEV))
