@@ -1,70 +1,211 @@
-"""The per-device random number generator.
+"""Random number generators of the neuron device.
 
-State is (seed, offset): each random op draws the key `fold_in(key(seed), offset)` and bumps
-the offset, so a seeded program is reproducible and consecutive calls differ. The key is built
-inside the op's executable from two integers, so drawing costs no eager JAX step.
+A generator's state is (seed, offset): each random op draws the key
+`fold_in(key(seed), offset)` and bumps the offset, so a seeded program is reproducible and
+consecutive calls differ. The key is built inside the op's executable from the two integers,
+so drawing costs no eager JAX step. `get_state()` is 16 bytes, seed then offset (native-endian
+uint64 each), for every kind of generator below, so states are interchangeable.
+
+Two implementations of the same state, one per process:
+
+- With the C++ library (`runtime/_generator`), the default generator of each device is the
+  `torch.Generator` ATen knows as the device's default (`getDefaultGenerator`), and
+  `torch.Generator(device="neuron")` makes more of the same kind. `torch.manual_seed` reaches
+  the defaults through `torch.neuron.manual_seed_all`.
+- Without it, `DeviceGenerator` (pure Python, the same methods as `torch.Generator`) holds
+  each device's default state, and explicit device generators cannot be created.
+
+`next_draw(explicit)` serves both: the generator passed to the op, else the default one.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import weakref
+from typing import Any
 
 import torch
 
-_DEFAULT_SEED = 67280421310721
+from . import _generator
+
+_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val, as for CPU and CUDA
+_MASK = 0xFFFF_FFFF_FFFF_FFFF
+_STATE_BYTES = 16
+
+# Serializes draws from torch.Generator objects (read seed and offset, then advance).
+_lock = threading.Lock()
+# Explicit generators already found to be neuron generators (`.device` costs ~1 us a call).
+_checked: weakref.WeakSet = weakref.WeakSet()
+
+
+def _unsigned_seed(seed: Any) -> int:
+    seed = int(seed)
+    if not -(1 << 63) <= seed <= _MASK:
+        raise RuntimeError("Overflow when unpacking long")
+    return seed & _MASK
+
+
+def _state_bytes(state: Any) -> torch.Tensor:
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"expected a torch.ByteTensor as the RNG state, but got {type(state).__name__}")
+    if state.device.type != "cpu" or not state.is_contiguous():
+        state = state.detach().to("cpu").contiguous()
+    return state
 
 
 class DeviceGenerator:
-    def __init__(self, seed: int = _DEFAULT_SEED) -> None:
+    """The pure-Python default generator of one neuron device (used without the C++ library).
+
+    Offers the RNG methods of `torch.Generator`, with the same state layout.
+    """
+
+    def __init__(self, index: int = 0, seed: int = _DEFAULT_SEED) -> None:
         self.lock = threading.Lock()
-        self.seed = seed
-        self.offset = 0
+        self.index = index
+        self._seed = seed
+        self._offset = 0
 
-    def manual_seed(self, seed: int) -> None:
-        with self.lock:
-            self.seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
-            self.offset = 0
+    @property
+    def device(self) -> torch.device:
+        return torch.device("neuron", self.index)
 
-    def next_draw(self) -> tuple[int, int]:
+    def manual_seed(self, seed: Any) -> DeviceGenerator:
+        value = _unsigned_seed(seed)
         with self.lock:
-            draw = (self.seed, self.offset)
-            self.offset += 1
+            self._seed, self._offset = value, 0
+        return self
+
+    def seed(self) -> int:
+        value = random.SystemRandom().getrandbits(64)
+        with self.lock:
+            self._seed, self._offset = value, 0
+        return value
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def get_offset(self) -> int:
+        return self._offset
+
+    def set_offset(self, offset: int) -> DeviceGenerator:
+        with self.lock:
+            self._offset = int(offset) & _MASK
+        return self
+
+    def draw(self) -> tuple[int, int]:
+        with self.lock:
+            draw = (self._seed, self._offset)
+            self._offset = (self._offset + 1) & _MASK
             return draw
 
     def get_state(self) -> torch.Tensor:
         with self.lock:
-            return torch.tensor([self.seed, self.offset], dtype=torch.uint64).view(torch.uint8)
+            words = [self._seed, self._offset]
+        return torch.tensor(words, dtype=torch.uint64).view(torch.uint8)
 
-    def set_state(self, state: torch.Tensor) -> None:
-        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
-            raise RuntimeError("neuron RNG state must be a uint8 tensor of 16 bytes")
-        seed, offset = state.cpu().view(torch.uint64).tolist()
+    def set_state(self, new_state: torch.Tensor) -> DeviceGenerator:
+        state = _state_bytes(new_state)
+        if state.dtype != torch.uint8 or state.numel() != _STATE_BYTES:
+            raise RuntimeError(
+                f"neuron RNG state must be a contiguous CPU uint8 tensor of {_STATE_BYTES} "
+                "bytes (seed, offset)"
+            )
+        seed, offset = state.view(torch.uint64).tolist()
         with self.lock:
-            self.seed, self.offset = int(seed), int(offset)
+            self._seed, self._offset = int(seed), int(offset)
+        return self
 
 
-GENERATORS: list[DeviceGenerator] = [DeviceGenerator()]
+# ----------------------------------------------------------------------------------------
+# Default generators
+
+_native = False  # True once the C++ hooks are registered: defaults are torch.Generators
+_DEFAULTS: dict[int, Any] = {}
 
 
-def generator(index: int = 0) -> DeviceGenerator:
-    while len(GENERATORS) <= index:
-        GENERATORS.append(DeviceGenerator())
-    return GENERATORS[index]
+def install() -> bool:
+    """Register the C++ hooks if the library can be had; called once, before the device's
+    Python hooks would be registered. True when explicit device generators are available."""
+    global _native
+    _native = _generator.register_hooks()
+    _DEFAULTS.clear()
+    return _native
 
 
-def next_draw(explicit=None) -> tuple[int, int]:
-    """(seed, offset) for one random op: from `explicit` (a torch.Generator passed to the op)
-    or from the current device's default generator."""
-    if explicit is not None:
-        raise RuntimeError("torchneuron: explicit torch.Generator objects are not supported yet")
-    return generator(0).next_draw()
+def native() -> bool:
+    """Whether `torch.Generator(device="neuron")` is supported in this process."""
+    return _native
+
+
+def unavailable_reason() -> str | None:
+    return None if _native else (_generator.build_error() or "the C++ hooks are not registered")
+
+
+def generator(index: int = 0):
+    """The default generator of neuron:`index` (a torch.Generator, or a DeviceGenerator)."""
+    gen = _DEFAULTS.get(index)
+    if gen is None:
+        from . import device
+
+        if not 0 <= index < max(device.device_count(), 1):
+            raise RuntimeError(f"Invalid device ordinal neuron:{index}")
+        gen = _generator.default_generator(index) if _native else DeviceGenerator(index)
+        gen = _DEFAULTS.setdefault(index, gen)
+    return gen
+
+
+def default_generators() -> tuple:
+    from . import device
+
+    return tuple(generator(i) for i in range(device.device_count()))
+
+
+def next_draw(explicit=None, device_index: int = 0) -> tuple[int, int]:
+    """(seed, offset) for one random op, advancing the generator it came from: `explicit`
+    (the torch.Generator passed to the op) or the default generator of `device_index`."""
+    gen = explicit
+    if gen is None:
+        gen = _DEFAULTS.get(device_index)
+        if gen is None:
+            gen = generator(device_index)
+    elif gen not in _checked:
+        if gen.device.type != "neuron":
+            raise RuntimeError(
+                f"Expected a 'neuron' device type for generator but found '{gen.device.type}'"
+            )
+        _checked.add(gen)
+    if type(gen) is DeviceGenerator:
+        return gen.draw()
+    with _lock:
+        seed = gen.initial_seed()
+        offset = gen.get_offset()
+        gen.set_offset((offset + 1) & _MASK)
+    return seed, offset
+
+
+def manual_seed(seed: Any, index: int = 0) -> None:
+    generator(index).manual_seed(_unsigned_seed(seed))
 
 
 def seed_fresh(index: int = 0) -> int:
-    seed = random.getrandbits(63)
-    generator(index).manual_seed(seed)
-    return seed
+    return generator(index).seed()
+
+
+def initial_seed(index: int = 0) -> int:
+    return generator(index).initial_seed()
+
+
+def get_state(index: int = 0) -> torch.Tensor:
+    return generator(index).get_state()
+
+
+def set_state(new_state: torch.Tensor, index: int = 0) -> None:
+    generator(index).set_state(_state_bytes(new_state))
+
+
+# ----------------------------------------------------------------------------------------
+# Draws as executable inputs
 
 
 def split_draw(draw: tuple[int, int]) -> tuple:
