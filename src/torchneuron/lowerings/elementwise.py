@@ -101,19 +101,19 @@ def logical_not(x):
 
 
 @lowers(aten.add.Tensor, aten.add.Scalar, promote=DEFAULT)
-def add(x, y, *, alpha=1):
+def add(x, y, alpha=1):
     if x.dtype == jnp.bool_ and jnp.asarray(y).dtype == jnp.bool_:
         return jnp.logical_or(x, y)
     return x + y * alpha if not _is_one(alpha) else x + y
 
 
 @lowers(aten.sub.Tensor, aten.sub.Scalar, promote=DEFAULT)
-def sub(x, y, *, alpha=1):
+def sub(x, y, alpha=1):
     return x - y * alpha if not _is_one(alpha) else x - y
 
 
 @lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=DEFAULT)
-def rsub(x, y, *, alpha=1):
+def rsub(x, y, alpha=1):
     return y - x * alpha if not _is_one(alpha) else y - x
 
 

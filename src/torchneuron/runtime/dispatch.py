@@ -136,6 +136,7 @@ class OpPlan:
         self.returns_scalar = len(returns) == 1 and self.return_types[0] in (
             "int", "float", "bool", "number", "complex",
         )
+        self.single_tensor_return = self.return_types == ["Tensor"] and self.fresh_returns == [0]
         self.lowering: Lowering | None = LOWERINGS.get(op)
         self.functional: OpOverload | None = None
         if self.lowering is None and self.mutated:
@@ -192,12 +193,11 @@ def _tensor_key_and_inputs(t: torch.Tensor, inputs: list) -> tuple:
             inputs.append(t.item())
             return ("host", t.dtype)
         raise _device_mismatch(t.device)
-    st = t.untyped_storage()
     dtype = t.dtype
-    buf = storage.storage_buffer(st, dtype)
+    buf = storage.storage_buffer(t.untyped_storage(), dtype)
     spec = views.spec_of(t, buf.shape[0])
     inputs.append(buf)
-    if spec.mode != views.FULL:
+    if spec.mode:
         inputs.append(t.storage_offset())
     return (dtype, spec)
 
@@ -542,6 +542,9 @@ def _generator_arg(plan: OpPlan, values: list):
 
 
 def _assemble_returns(plan: OpPlan, ex: _Executable, values: list, outputs: list) -> Any:
+    if plan.single_tensor_return:
+        dtype, shape, stride = ex.fresh_meta[0]
+        return storage.new_tensor(shape, dtype, stride, outputs[0])
     if plan.returns_scalar:
         return outputs[0].item() if outputs else None
     fresh = []

@@ -12,7 +12,13 @@ import os
 import jax
 
 jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_cpu_enable_async_dispatch", False)
+# Eager ops on the CPU client are small: running them on the calling thread avoids a thread
+# hand-off per op (measured: 64x64 add 130 us -> 47 us). TORCHNEURON_ASYNC_DISPATCH=1 restores
+# JAX's default asynchronous dispatch.
+jax.config.update(
+    "jax_cpu_enable_async_dispatch",
+    os.environ.get("TORCHNEURON_ASYNC_DISPATCH", "0") not in ("", "0", "false", "False"),
+)
 
 DEFAULT_PLATFORM = "cpu"
 

@@ -126,16 +126,16 @@ def new_tensor(shape, dtype: torch.dtype, stride=None, buf=None, device_index: i
 
 def storage_buffer(storage, dtype: torch.dtype) -> jax.Array:
     """The flat payload of `storage` viewed as `dtype` (materialized, reinterpreted if needed)."""
-    payload = payload_of(storage)
+    payload = getattr(storage, _PAYLOAD_ATTR, None) or payload_of(storage)
     buf = payload.buf
+    if buf is not None and payload.dtype == dtype:
+        return buf
     if buf is None:
         count = payload.nbytes // dtype.itemsize
         buf = jnp.zeros((count,), to_jax_dtype(dtype), device=platform.jax_device(0))
-        payload.buf, payload.dtype = buf, dtype
-        return buf
-    if payload.dtype != dtype:
+    else:
         buf = reinterpret(buf, payload.dtype, dtype)
-        payload.buf, payload.dtype = buf, dtype
+    payload.buf, payload.dtype = buf, dtype
     return buf
 
 

@@ -25,13 +25,11 @@ class ViewSpec(NamedTuple):
 
 def spec_of(tensor, storage_numel: int) -> ViewSpec:
     shape = tuple(tensor.shape)
-    stride = tensor.stride()
     if tensor.is_contiguous():
-        numel = tensor.numel()
-        if tensor.storage_offset() == 0 and numel == storage_numel:
-            return ViewSpec(shape, stride, FULL)
-        return ViewSpec(shape, stride, SLICE)
-    return ViewSpec(shape, stride, STRIDED)
+        if tensor.storage_offset() == 0 and tensor.numel() == storage_numel:
+            return ViewSpec(shape, tensor.stride(), FULL)
+        return ViewSpec(shape, tensor.stride(), SLICE)
+    return ViewSpec(shape, tensor.stride(), STRIDED)
 
 
 def _element_indices(shape, stride, offset):
