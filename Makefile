@@ -1,0 +1,51 @@
+# torchneuron: `make demo` and `make test` work from a fresh clone.
+#
+# The virtualenv (.venv) is created when missing; the package is (re)installed editable with its
+# test extras only when pyproject.toml changes (sentinel: .venv/.installed). torch==2.13.0 is
+# installed first and explicitly, so pip never resolves a different (CUDA) torch build.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?= -q -p no:cacheprovider
+
+.PHONY: all demo test lint bench bench-write clean distclean
+
+all: test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+# pytest's exit status passes through unchanged (5 = no tests collected fails the target too).
+test: $(STAMP)
+	$(BIN)/ruff check src tests
+	@status=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; \
+	elif [ $$status -ne 0 ]; then echo "make test: FAILED: pytest exited with status $$status" >&2; fi; \
+	exit $$status
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests examples benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/eager_ops.py
+
+bench-write: $(STAMP)
+	$(BIN)/python benchmarks/eager_ops.py --write
+
+# Build outputs and caches; the virtualenv stays (`make distclean` removes it too).
+clean:
+	rm -rf build dist src/*.egg-info .pytest_cache .ruff_cache $(STAMP)
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
