@@ -1,0 +1,474 @@
+"""nn lowerings (lowerings/nn.py) against CPU PyTorch: forward values and gradients.
+
+Every test runs with TORCHNEURON_STRICT=1, so any CPU fallback raises; `_native` checks that
+the named ops ran through their lowering (not a decomposition).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchneuron
+
+DEV = "neuron"
+
+
+@pytest.fixture(autouse=True)
+def strict(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_STRICT", "1")
+    torchneuron.reset_op_counts()
+
+
+def _native(*names):
+    counts = torchneuron.op_counts()
+    for name in names:
+        assert counts["native"].get(name, 0) > 0, (name, counts)
+    assert not counts["fallback"], counts["fallback"]
+
+
+def _tol(dtype):
+    return {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-10, "rtol": 1e-9}
+
+
+def _compare(fn, *inputs, grad=(), dtype=torch.float32, tol=None):
+    """Run `fn` on CPU and on neuron with identical inputs; compare outputs and the grads of
+    the inputs whose positions are in `grad` (backward with a random output gradient)."""
+    tol = tol or _tol(dtype)
+    cpu_in, dev_in = [], []
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor):
+            t = t.to(dtype) if t.is_floating_point() else t
+            c = t.detach().clone().requires_grad_(i in grad)
+            d = t.detach().clone().to(DEV).requires_grad_(i in grad)
+        else:
+            c = d = t
+        cpu_in.append(c)
+        dev_in.append(d)
+    out_c, out_d = fn(*cpu_in), fn(*dev_in)
+    if not isinstance(out_c, tuple):
+        out_c, out_d = (out_c,), (out_d,)
+    for a, b in zip(out_c, out_d, strict=True):
+        assert b.device.type == DEV
+        torch.testing.assert_close(b.cpu(), a, **tol)
+    if grad:
+        pairs = [(a, b) for a, b in zip(out_c, out_d, strict=True) if a.requires_grad]
+        gens = [torch.randn(a.shape, dtype=a.dtype) for a, _ in pairs]
+        torch.autograd.backward([a for a, _ in pairs], gens)
+        torch.autograd.backward([b for _, b in pairs], [g.to(DEV) for g in gens])
+        for i in grad:
+            torch.testing.assert_close(dev_in[i].grad.cpu(), cpu_in[i].grad, **tol)
+    return out_c, out_d
+
+
+# ---- convolution -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "kw", [
+        {},
+        {"stride": 2, "padding": 1},
+        {"stride": (2, 1), "padding": (0, 2), "dilation": (1, 2)},
+        {"padding": 2, "dilation": 2, "groups": 2},
+        {"padding": "same", "groups": 4},
+    ],
+)
+def test_conv2d(kw, dtype):
+    groups = kw.get("groups", 1)
+    x = torch.randn(2, 4, 7, 8)
+    w = torch.randn(6 if groups != 4 else 8, 4 // groups, 3, 3)
+    b = torch.randn(w.shape[0])
+    _compare(lambda x, w, b: F.conv2d(x, w, b, **kw), x, w, b, grad=(0, 1, 2), dtype=dtype)
+    _native("aten.convolution.default", "aten.convolution_backward.default")
+
+
+def test_conv1d_and_conv3d():
+    _compare(lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1),
+             torch.randn(2, 3, 9), torch.randn(5, 3, 3), torch.randn(5), grad=(0, 1, 2))
+    _compare(lambda x, w: F.conv3d(x, w, padding=1, stride=(1, 2, 2)),
+             torch.randn(1, 2, 4, 5, 5), torch.randn(3, 2, 3, 3, 3), grad=(0, 1))
+    _native("aten.convolution.default", "aten.convolution_backward.default")
+
+
+@pytest.mark.parametrize(
+    "kw", [
+        {"stride": 2, "padding": 1, "output_padding": 1},
+        {"stride": 2, "padding": 0, "groups": 2, "dilation": 2},
+    ],
+)
+def test_conv_transpose2d(kw):
+    x, w, b = torch.randn(2, 4, 5, 4), torch.randn(4, 3, 3, 2), torch.randn(3 * kw.get("groups", 1))
+    _compare(lambda x, w, b: F.conv_transpose2d(x, w, b, **kw), x, w, b, grad=(0, 1, 2))
+    _native("aten.convolution.default", "aten.convolution_backward.default")
+
+
+def test_conv_transpose1d():
+    _compare(lambda x, w: F.conv_transpose1d(x, w, stride=3, padding=2, dilation=2),
+             torch.randn(2, 4, 5), torch.randn(4, 3, 3), grad=(0, 1))
+
+
+def test_conv_weight_grad_only():
+    # The first layer of a network: the input needs no gradient (output_mask [F, T, T]).
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    dev = nn.Conv2d(3, 4, 3, padding=1).to(DEV)
+    dev.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 3, 6, 6)
+    g = torch.randn(2, 4, 6, 6)
+    conv(x).backward(g)
+    dev(x.to(DEV)).backward(g.to(DEV))
+    torch.testing.assert_close(dev.weight.grad.cpu(), conv.weight.grad, **_tol(torch.float32))
+    torch.testing.assert_close(dev.bias.grad.cpu(), conv.bias.grad, **_tol(torch.float32))
+    _native("aten.convolution_backward.default")
+
+
+def test_conv_wrong_channels_raises():
+    x = torch.randn(1, 5, 6, 6, device=DEV)
+    w = torch.randn(4, 3, 3, 3, device=DEV)
+    with pytest.raises(RuntimeError, match="channel"):
+        F.conv2d(x, w)
+
+
+# ---- normalization ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batch_norm_module_train_and_eval(dtype):
+    cpu = nn.BatchNorm2d(3, momentum=0.2).to(dtype)
+    with torch.no_grad():
+        cpu.weight.uniform_(0.5, 1.5)
+        cpu.bias.uniform_(-1, 1)
+    dev = nn.BatchNorm2d(3, momentum=0.2).to(dtype).to(DEV)
+    dev.load_state_dict(cpu.state_dict())
+    def run(x):
+        return (dev if x.device.type == DEV else cpu)(x)
+
+    for _ in range(2):
+        _compare(run, torch.randn(4, 3, 5, 5) * 2 + 1, grad=(0,), dtype=dtype)
+    # running statistics: unbiased variance, updated in place on the device
+    torch.testing.assert_close(dev.running_mean.cpu(), cpu.running_mean, **_tol(dtype))
+    torch.testing.assert_close(dev.running_var.cpu(), cpu.running_var, **_tol(dtype))
+    assert int(dev.num_batches_tracked) == 2
+    cpu.eval()
+    dev.eval()
+    x = torch.randn(2, 3, 4, 4, dtype=dtype)
+    torch.testing.assert_close(dev(x.to(DEV)).cpu(), cpu(x), **_tol(dtype))
+
+
+def test_batch_norm_grads_of_affine_params():
+    cpu = nn.BatchNorm1d(4)
+    dev = nn.BatchNorm1d(4).to(DEV)
+    x = torch.randn(6, 4, 3)
+    g = torch.randn(6, 4, 3)
+    xc, xd = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    cpu(xc).backward(g)
+    dev(xd).backward(g.to(DEV))
+    tol = _tol(torch.float32)
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, **tol)
+    torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, **tol)
+    torch.testing.assert_close(dev.bias.grad.cpu(), cpu.bias.grad, **tol)
+    _native("aten.native_batch_norm_backward.default")
+
+
+def test_native_batch_norm_legit_updates_running_stats():
+    aten = torch.ops.aten
+    x = torch.randn(5, 3, 4)
+    w, b = torch.rand(3) + 0.5, torch.randn(3)
+    rm_c, rv_c = torch.randn(3), torch.rand(3) + 0.5
+    rm_d, rv_d = rm_c.clone().to(DEV), rv_c.clone().to(DEV)
+    out_c = aten._native_batch_norm_legit(x, w, b, rm_c, rv_c, True, 0.1, 1e-5)
+    out_d = aten._native_batch_norm_legit(x.to(DEV), w.to(DEV), b.to(DEV), rm_d, rv_d, True,
+                                          0.1, 1e-5)
+    tol = _tol(torch.float32)
+    for a, d in zip(out_c, out_d, strict=True):
+        torch.testing.assert_close(d.cpu(), a, **tol)
+    torch.testing.assert_close(rm_d.cpu(), rm_c, **tol)
+    torch.testing.assert_close(rv_d.cpu(), rv_c, **tol)
+    eval_c = aten._native_batch_norm_legit_no_training(x, w, b, rm_c, rv_c, 0.1, 1e-5)
+    eval_d = aten._native_batch_norm_legit_no_training(x.to(DEV), w.to(DEV), b.to(DEV), rm_d,
+                                                       rv_d, 0.1, 1e-5)
+    torch.testing.assert_close(eval_d[0].cpu(), eval_c[0], **tol)
+    stats_c = aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)
+    stats_d = aten._native_batch_norm_legit.no_stats(x.to(DEV), w.to(DEV), b.to(DEV), True,
+                                                     0.1, 1e-5)
+    for a, d in zip(stats_c, stats_d, strict=True):
+        torch.testing.assert_close(d.cpu(), a, **tol)
+    _native("aten._native_batch_norm_legit.default",
+            "aten._native_batch_norm_legit_no_training.default",
+            "aten._native_batch_norm_legit.no_stats")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5,), (4, 5)])
+def test_layer_norm(shape, dtype):
+    x = torch.randn(3, 4, 5) * 3 + 1
+    w, b = torch.randn(shape), torch.randn(shape)
+    _compare(lambda x, w, b: F.layer_norm(x, shape, w, b, eps=1e-4), x, w, b, grad=(0, 1, 2),
+             dtype=dtype)
+    _native("aten.native_layer_norm.default", "aten.native_layer_norm_backward.default")
+
+
+def test_layer_norm_without_affine():
+    _compare(lambda x: F.layer_norm(x, (5,)), torch.randn(3, 4, 5), grad=(0,))
+    _native("aten.native_layer_norm_backward.default")
+
+
+def test_group_norm():
+    x = torch.randn(3, 6, 4, 2)
+    w, b = torch.randn(6), torch.randn(6)
+    _compare(lambda x, w, b: F.group_norm(x, 3, w, b), x, w, b, grad=(0, 1, 2))
+    _native("aten.native_group_norm.default", "aten.native_group_norm_backward.default")
+
+
+# ---- softmax ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_and_log_softmax(dim, dtype):
+    x = torch.randn(3, 4, 5) * 4
+    _compare(lambda x: F.softmax(x, dim), x, grad=(0,), dtype=dtype)
+    _compare(lambda x: F.log_softmax(x, dim), x, grad=(0,), dtype=dtype)
+    _native("aten._softmax.default", "aten._log_softmax.default",
+            "aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default")
+
+
+def test_softmax_half_to_float():
+    x = torch.randn(4, 6).half()
+    for op in (torch.ops.aten._softmax, torch.ops.aten._log_softmax):
+        want = op(x.float(), 1, False)  # CPU has no half_to_float kernel
+        got = op(x.to(DEV), 1, True)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.cpu(), want, atol=1e-3, rtol=1e-3)
+
+
+def test_softmax_all_neg_inf_row_is_nan_like_cpu():
+    x = torch.tensor([[float("-inf")] * 3, [0.0, 1.0, 2.0]])
+    torch.testing.assert_close(F.softmax(x.to(DEV), -1).cpu(), F.softmax(x, -1), equal_nan=True)
+
+
+# ---- scaled dot product attention ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask", ["causal", "bool", "float", None])
+def test_scaled_dot_product_attention(mask):
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    if mask == "causal":
+        k, v = k[:, :, :5], v[:, :, :5]
+    attn = {
+        "bool": torch.rand(5, 6) > 0.3, "float": torch.randn(2, 1, 5, 6), "causal": None,
+        None: None,
+    }[mask]
+    if mask == "bool":
+        attn[:, 0] = True  # no fully masked rows
+
+    def fn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=mask == "causal")
+
+    _compare(fn, q, k, v, attn, grad=(0, 1, 2), tol={"atol": 2e-5, "rtol": 1e-4})
+
+
+# ---- pooling ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw", [
+        {"kernel_size": 2},
+        {"kernel_size": 3, "stride": 2, "padding": 1},
+        {"kernel_size": (3, 2), "stride": (2, 1), "padding": (1, 0), "dilation": (1, 2)},
+        {"kernel_size": 2, "stride": 2, "padding": 1, "dilation": 2, "ceil_mode": True},
+        {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+    ],
+)
+def test_max_pool2d_values_indices_grad(kw):
+    x = torch.randn(2, 3, 9, 8)
+    out_c, out_d = _compare(lambda x: F.max_pool2d(x, return_indices=True, **kw), x, grad=(0,))
+    assert out_d[1].dtype == torch.int64
+    assert torch.equal(out_d[1].cpu(), out_c[1])
+    _native("aten.max_pool2d_with_indices.default",
+            "aten.max_pool2d_with_indices_backward.default")
+
+
+def test_max_pool_ties_and_3d_input():
+    # Ties: PyTorch keeps the first maximum of each window; an unbatched (C, H, W) input.
+    x = torch.tensor([[[1.0, 1.0, 0.0, 2.0], [1.0, 0.0, 2.0, 2.0]]])
+    out_c, out_d = _compare(lambda x: F.max_pool2d(x, 2, return_indices=True), x, grad=(0,))
+    assert torch.equal(out_d[1].cpu(), out_c[1])
+
+
+def test_max_pool1d_and_3d():
+    _compare(lambda x: F.max_pool1d(x, 3, 2, 1), torch.randn(2, 3, 10), grad=(0,))
+    out_c, out_d = _compare(lambda x: F.max_pool3d(x, 2, return_indices=True),
+                            torch.randn(1, 2, 4, 4, 5), grad=(0,))
+    assert torch.equal(out_d[1].cpu(), out_c[1])
+
+
+@pytest.mark.parametrize(
+    "kw", [
+        {"kernel_size": 2},
+        {"kernel_size": 3, "stride": 2, "padding": 1},
+        {"kernel_size": 3, "stride": 2, "padding": 1, "count_include_pad": False},
+        {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True},
+        {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True,
+         "count_include_pad": False},
+        {"kernel_size": (2, 3), "stride": 1, "padding": (1, 1), "divisor_override": 4},
+    ],
+)
+def test_avg_pool2d(kw):
+    _compare(lambda x: F.avg_pool2d(x, **kw), torch.randn(2, 3, 8, 9), grad=(0,))
+    _native("aten.avg_pool2d.default", "aten.avg_pool2d_backward.default")
+
+
+def test_avg_pool1d_and_3d():
+    _compare(lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True), torch.randn(2, 3, 8), grad=(0,))
+    _compare(lambda x: F.avg_pool3d(x, 2, padding=1), torch.randn(1, 2, 4, 3, 5), grad=(0,))
+
+
+@pytest.mark.parametrize("size", [(3, 4), (8, 7), (5, 1)])
+def test_adaptive_avg_pool2d(size):
+    _compare(lambda x: F.adaptive_avg_pool2d(x, size), torch.randn(2, 3, 8, 7), grad=(0,))
+    _native("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d_backward.default")
+
+
+def test_adaptive_avg_pool1d_and_3d():
+    _compare(lambda x: F.adaptive_avg_pool1d(x, 3), torch.randn(2, 3, 10), grad=(0,))
+    _compare(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), torch.randn(1, 2, 5, 7, 4), grad=(0,))
+
+
+# ---- embedding -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [{}, {"padding_idx": 1}, {"scale_grad_by_freq": True},
+                                {"padding_idx": -2, "scale_grad_by_freq": True}])
+def test_embedding(kw):
+    idx = torch.tensor([[1, 2, 4], [3, 1, 1]])
+    _compare(lambda w, i: F.embedding(i, w, **kw), torch.randn(6, 4), idx, grad=(0,))
+    _native("aten.embedding.default", "aten.embedding_dense_backward.default")
+
+
+@pytest.mark.parametrize("bad", [6, -1])
+def test_embedding_index_out_of_range(bad):
+    w = torch.randn(6, 4, device=DEV)
+    with pytest.raises(IndexError, match="index out of range in self"):
+        F.embedding(torch.tensor([0, bad], device=DEV), w)
+
+
+# ---- losses ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_nll_loss(reduction, weighted):
+    x = torch.randn(5, 4).log_softmax(1)
+    t = torch.tensor([0, 3, 1, 2, 1])
+    w = torch.rand(4) + 0.1 if weighted else None
+    _compare(lambda x, t, w: F.nll_loss(x, t, weight=w, reduction=reduction, ignore_index=2),
+             x, t, w, grad=(0,))
+    _native("aten.nll_loss_forward.default", "aten.nll_loss_backward.default")
+
+
+def test_nll_loss2d():
+    x = torch.randn(2, 3, 4, 5)
+    t = torch.randint(0, 3, (2, 4, 5))
+    t[0, 0, 0] = -100
+    _compare(lambda x, t: F.nll_loss(x, t), x, t, grad=(0,))
+    _native("aten.nll_loss2d_forward.default", "aten.nll_loss2d_backward.default")
+
+
+def test_nll_loss_target_out_of_range():
+    x = torch.randn(3, 4, device=DEV)
+    with pytest.raises(IndexError, match="out of bounds"):
+        F.nll_loss(x, torch.tensor([0, 4, 1], device=DEV))
+
+
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1},
+                                {"label_smoothing": 0.2, "ignore_index": 1},
+                                {"label_smoothing": 0.1, "weight": "w"}])
+def test_cross_entropy(kw):
+    x = torch.randn(6, 5)
+    t = torch.tensor([0, 1, 4, 3, 1, 2])
+    w = torch.rand(5) + 0.5
+
+    def fn(x, t, w):
+        args = dict(kw)
+        if args.get("weight") == "w":
+            args["weight"] = w
+        return F.cross_entropy(x, t, **args)
+
+    _compare(fn, x, t, w, grad=(0,))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_loss(reduction):
+    _compare(lambda x, y: F.mse_loss(x, y, reduction=reduction), torch.randn(4, 5),
+             torch.randn(4, 5), grad=(0, 1))
+    _native("aten.mse_loss.default", "aten.mse_loss_backward.default")
+
+
+def test_binary_cross_entropy():
+    x = torch.rand(4, 5) * 0.9 + 0.05
+    t = torch.rand(4, 5)
+    w = torch.rand(4, 5)
+    _compare(lambda x, t, w: F.binary_cross_entropy(x, t, w), x, t, w, grad=(0,))
+    _native("aten.binary_cross_entropy.default", "aten.binary_cross_entropy_backward.default")
+
+
+@pytest.mark.parametrize("pos_weight", [False, True])
+def test_binary_cross_entropy_with_logits(pos_weight):
+    x, t = torch.randn(4, 5) * 3, torch.rand(4, 5)
+    pw = torch.rand(5) + 0.5 if pos_weight else None
+    _compare(lambda x, t, pw: F.binary_cross_entropy_with_logits(x, t, pos_weight=pw),
+             x, t, pw, grad=(0,))
+
+
+# ---- recurrent modules -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_rnn_modules(kind):
+    torch.manual_seed(0)
+    cpu = kind(4, 5, num_layers=2, batch_first=True)
+    dev = kind(4, 5, num_layers=2, batch_first=True).to(DEV)
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(3, 6, 4)
+    xc, xd = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    out_c, out_d = cpu(xc)[0], dev(xd)[0]
+    tol = {"atol": 1e-5, "rtol": 1e-4}
+    torch.testing.assert_close(out_d.cpu(), out_c, **tol)
+    g = torch.randn_like(out_c)
+    out_c.backward(g)
+    out_d.backward(g.to(DEV))
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, **tol)
+    for (name, pc), pd in zip(cpu.named_parameters(), dev.parameters(), strict=True):
+        torch.testing.assert_close(pd.grad.cpu(), pc.grad, **tol, msg=name)
+    fused = "aten._thnn_fused_lstm_cell" if kind is nn.LSTM else "aten._thnn_fused_gru_cell"
+    _native(fused + ".default")
+
+
+# ---- a small training step -------------------------------------------------------------
+
+
+def test_cnn_training_step_matches_cpu():
+    torch.manual_seed(1)
+
+    def make():
+        return nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(4, 4, 3, groups=2), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+            nn.Linear(16, 3), nn.LogSoftmax(1),
+        )
+
+    cpu = make()
+    dev = make().to(DEV)
+    dev.load_state_dict(cpu.state_dict())
+    x, t = torch.randn(4, 1, 8, 8), torch.tensor([0, 2, 1, 2])
+    for model, xx, tt in ((cpu, x, t), (dev, x.to(DEV), t.to(DEV))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            F.nll_loss(model(xx), tt).backward()
+            opt.step()
+    for (name, pc), pd in zip(cpu.state_dict().items(), dev.state_dict().values(), strict=True):
+        torch.testing.assert_close(pd.cpu(), pc, atol=1e-5, rtol=1e-4, msg=name)
