@@ -31,20 +31,30 @@ _HALF = (jnp.float16, jnp.bfloat16)
 # ---- helpers ---------------------------------------------------------------------------
 
 
+def _check_dim(x, dim: int) -> int:
+    """PyTorch's dim wrapping (a 0-d tensor accepts 0 and -1), with its IndexError."""
+    n = max(x.ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
+    return dim % n
+
+
 def _axes(x, dim) -> tuple[int, ...]:
     """Normalized reduction axes; `None`/`[]` means all of them; a 0-d tensor has none."""
     if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
         return tuple(range(x.ndim))
     if isinstance(dim, int):
         dim = [dim]
-    if x.ndim == 0:
-        return ()
-    return tuple(sorted({d % x.ndim for d in dim}))
+    axes = {_check_dim(x, d) for d in dim}
+    return () if x.ndim == 0 else tuple(sorted(axes))
 
 
 def _axis(x, dim: int) -> int | None:
     """One normalized axis, or None for a 0-d tensor (where dims 0 and -1 are accepted)."""
-    return None if x.ndim == 0 else dim % x.ndim
+    axis = _check_dim(x, dim)
+    return None if x.ndim == 0 else axis
 
 
 def _is_float(x) -> bool:
@@ -221,8 +231,10 @@ lowers(aten.max.dim)(_dim_reduction("max", jnp.max, jnp.argmax))
 lowers(aten.min.dim)(_dim_reduction("min", jnp.min, jnp.argmin))
 
 
-def _arg_reduction(arg_reduce):
+def _arg_reduction(name, arg_reduce):
     def lower(x, dim=None, keepdim=False):
+        if x.dtype == jnp.bool_:
+            raise RuntimeError(f"{name}(): does not support bool input")
         if dim is None:
             idx = arg_reduce(x.reshape(-1)).astype(INDEX)
             return idx.reshape((1,) * x.ndim) if keepdim else idx
@@ -234,8 +246,8 @@ def _arg_reduction(arg_reduce):
     return lower
 
 
-lowers(aten.argmax.default)(_arg_reduction(jnp.argmax))
-lowers(aten.argmin.default)(_arg_reduction(jnp.argmin))
+lowers(aten.argmax.default)(_arg_reduction("argmax", jnp.argmax))
+lowers(aten.argmin.default)(_arg_reduction("argmin", jnp.argmin))
 
 
 # ---- all / any -------------------------------------------------------------------------
