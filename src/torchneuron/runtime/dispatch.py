@@ -347,7 +347,7 @@ class _Executable:
         self.writes = writes  # [arg index (or (arg index, list position))] for written args
         self.has_check = has_check
         self.index_error = index_error
-        self.num_fresh = len(fresh_meta)
+        self.num_fresh = 0 if fresh_meta is None else len(fresh_meta)
 
 
 def _write_targets(plan: OpPlan, values: list) -> list[tuple[int, int | None]]:
@@ -405,7 +405,6 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
     out_names = {plan.arg_names[i] for i in plan.out_args}
     fn = lowering.fn
     has_check = lowering.index_error is not None
-    num_fresh_expected = [len(fresh_meta)]
     rng_needed = lowering.rng
 
     def run(inputs, write_inputs, draw):
@@ -427,9 +426,11 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
         else:
             nfresh = len(flat) - len(targets) if meta is None else len(fresh_meta)
             fresh_vals, write_vals = flat[:nfresh], flat[nfresh:]
-            num_fresh_expected[0] = nfresh
         for n, value in enumerate(fresh_vals):
-            m = fresh_meta[n] if n < len(fresh_meta) else None
+            m = fresh_meta[n] if n < len(fresh_meta) and lowering.jit else None
+            if value is None:  # an output the op does not produce (output_mask)
+                outputs.append(None)
+                continue
             if m is None:
                 outputs.append(jnp.asarray(value))
                 continue
@@ -443,8 +444,8 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
             outputs.append(views.to_memory_order(value, stride))
         new_buffers = []
         for (dtype, spec), value, (buf, offset) in zip(write_meta, write_vals, write_inputs):
-            if value is None:
-                new_buffers.append(buf)
+            if value is None:  # an optional mutated argument the op left alone
+                new_buffers.append(None)
                 continue
             value = jnp.asarray(value)
             jdtype = to_jax_dtype(dtype)
@@ -456,22 +457,25 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
         return outputs, new_buffers, check
 
     compiled = jax.jit(run) if lowering.jit else run
-    if meta is None and not inplace_via_functional:
-        # Learn the output layout from the lowering itself (ops without a meta kernel).
-        pass
-    ex = _Executable(compiled, fresh_meta, targets, has_check, lowering.index_error)
+    # Without a meta kernel the outputs' layout is learnt from each call's results.
+    dynamic = (meta is None or not lowering.jit) and not inplace_via_functional
+    ex = _Executable(compiled, None if dynamic else fresh_meta, targets, has_check, lowering.index_error)
     ex.writes = list(zip(targets, write_meta))
     return ex
 
 
-def _finish_fresh_meta(ex: _Executable, outputs: list) -> None:
-    if ex.fresh_meta:
-        return
-    metas = []
+def _outputs_meta(outputs: list) -> tuple[list, list]:
+    """Layout and flat buffers of outputs computed without PyTorch metadata."""
+    metas, flat = [], []
     for value in outputs:
+        if value is None:
+            metas.append(None)
+            flat.append(None)
+            continue
         dtype = to_torch_dtype(value.dtype)
         metas.append((dtype, tuple(value.shape), storage.contiguous_strides(value.shape)))
-    ex.fresh_meta = metas
+        flat.append(value.reshape(-1))
+    return metas, flat
 
 
 class _ResizeOutputs(Exception):
@@ -526,12 +530,14 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
     if check is not None and bool(check):
         raise IndexError(ex.index_error)
     for ((i, j), (dtype, _spec)), buf in zip(ex.writes, new_buffers):
-        t = values[i] if j is None else values[i][j]
-        storage.set_storage_buffer(t.untyped_storage(), buf, dtype)
-    if not ex.fresh_meta and outputs:
-        _finish_fresh_meta(ex, outputs)
+        if buf is not None:
+            t = values[i] if j is None else values[i][j]
+            storage.set_storage_buffer(t.untyped_storage(), buf, dtype)
     NATIVE_COUNTS[plan.name] += 1
-    return _assemble_returns(plan, ex, values, outputs)
+    fresh_meta = ex.fresh_meta
+    if fresh_meta is None:
+        fresh_meta, outputs = _outputs_meta(outputs)
+    return _assemble_returns(plan, fresh_meta, values, outputs)
 
 
 def _generator_arg(plan: OpPlan, values: list):
@@ -541,15 +547,17 @@ def _generator_arg(plan: OpPlan, values: list):
     return None
 
 
-def _assemble_returns(plan: OpPlan, ex: _Executable, values: list, outputs: list) -> Any:
+def _assemble_returns(plan: OpPlan, fresh_meta: list, values: list, outputs: list) -> Any:
     if plan.single_tensor_return:
-        dtype, shape, stride = ex.fresh_meta[0]
+        dtype, shape, stride = fresh_meta[0]
         return storage.new_tensor(shape, dtype, stride, outputs[0])
     if plan.returns_scalar:
         return outputs[0].item() if outputs else None
     fresh = []
-    for (m, buf) in zip(ex.fresh_meta, outputs):
-        if m is None:
+    for (m, buf) in zip(fresh_meta, outputs):
+        if buf is None:
+            fresh.append(None)
+        elif m is None:
             fresh.append(buf.item())
         else:
             dtype, shape, stride = m
