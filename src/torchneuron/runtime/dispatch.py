@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 import torch._decomp
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
@@ -48,10 +47,6 @@ _warned: set[str] = set()
 
 def strict_mode() -> bool:
     return os.environ.get("TORCHNEURON_STRICT", "0") not in ("", "0", "false", "False")
-
-
-class DeviceMismatch(RuntimeError):
-    pass
 
 
 def _device_mismatch(other: torch.device) -> RuntimeError:
@@ -177,10 +172,6 @@ def plan_for(op: OpOverload) -> OpPlan:
 
 # ----------------------------------------------------------------------------------------
 # Tensor arguments as executable inputs
-
-
-def _is_neuron(t: torch.Tensor) -> bool:
-    return t.device.type == NEURON
 
 
 def _tensor_key_and_inputs(t: torch.Tensor, inputs: list) -> tuple:
@@ -777,11 +768,6 @@ def _direct_kernel(op: OpOverload) -> Callable:
         return neuron_fallback(op, *args, **kwargs)
 
     return kernel
-
-
-def host_array(t: torch.Tensor) -> np.ndarray:
-    """The logical value of a neuron tensor as a NumPy array (synchronizes)."""
-    return np.asarray(jax.device_get(logical_array(t)))
 
 
 def logical_array(t: torch.Tensor) -> jax.Array:
