@@ -313,7 +313,7 @@ def test_index_reduce(reduce):
     x = _data(torch.float32)
     src = _data(torch.float32, (3, 4, 5), seed=1)
     for include_self in (True, False):
-        check(lambda t, i, s: t.index_reduce(0, i, s, reduce, include_self=include_self),
+        check(lambda t, i, s, inc=include_self: t.index_reduce(0, i, s, reduce, include_self=inc),
               x, L(0, 0, 2), src, native=["aten.index_reduce.default"])
 
 
