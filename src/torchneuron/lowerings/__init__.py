@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     random,
     reduction,
     shape,
+    views,
 )
 from .registry import LOWERINGS, Lowering, lowers
 

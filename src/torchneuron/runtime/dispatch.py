@@ -122,8 +122,11 @@ class OpPlan:
         self.mutated = [i for i, a in enumerate(self.arguments) if a.alias_info and a.alias_info.is_write]
         self.out_args = [i for i in self.mutated if self.arguments[i].kwarg_only]
         returns = schema.returns
-        self.is_view = bool(returns) and all(
-            r.alias_info is not None and not r.alias_info.is_write for r in returns
+        # Views and in-place metadata changes (`transpose_`, `as_strided_`) only touch
+        # sizes/strides/offset: both run through the CPU kernel on the shared storage.
+        self.is_view = torch.Tag.inplace_view in op.tags or (
+            bool(returns)
+            and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
         )
         # returns that are fresh (not an alias of a written argument)
         self.fresh_returns = [i for i, r in enumerate(returns) if r.alias_info is None]
@@ -696,11 +699,13 @@ def neuron_fallback(op: OpOverload, *args, **kwargs) -> Any:
     plan = _PLANS.get(op)
     if plan is None:
         plan = plan_for(op)
-    if plan.lowering is not None:
-        return run_lowered(plan, plan.lowering, args, kwargs)
     if plan.is_view:
+        # Views are metadata over the same storage: the CPU kernel does exactly that. (The
+        # table's view lowerings are for compiled graphs, where views are values.)
         _check_devices(args)
         return op.redispatch(CPU_KEYS, *args, **kwargs)
+    if plan.lowering is not None:
+        return run_lowered(plan, plan.lowering, args, kwargs)
     if plan.functional is not None:
         return run_lowered(plan, LOWERINGS[plan.functional], args, kwargs)
     if plan.decomposition is not None and op not in _decomposing:
@@ -742,10 +747,10 @@ def install() -> None:
     # through `op.out` plus an `empty`; a direct kernel for each lowered op saves that hop.
     global _aten_library
     _aten_library = torch.library.Library("aten", "IMPL")
-    direct = set(LOWERINGS) | set(SPECIAL)
+    direct = {op for op in LOWERINGS if not plan_for(op).is_view} | set(SPECIAL)
     for op in list(LOWERINGS):
         inplace = _inplace_overload(op)
-        if inplace is not None:
+        if inplace is not None and not plan_for(inplace).is_view:
             direct.add(inplace)
     for op in direct:
         _aten_library.impl(op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else ""),
