@@ -336,6 +336,48 @@ def test_adaptive_avg_pool1d_and_3d():
     _compare(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), torch.randn(1, 2, 5, 7, 4), grad=(0,))
 
 
+@pytest.mark.parametrize("size", [(3, 4), (2, 7)])
+def test_adaptive_max_pool2d(size):
+    x = torch.randint(0, 4, (2, 3, 5, 7)).float()  # ties: the first maximum wins
+    out_c, out_d = _compare(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), x,
+                            grad=(0,))
+    assert torch.equal(out_d[1].cpu(), out_c[1])
+    _native("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool2d_backward.default")
+
+
+def test_adaptive_max_pool1d_and_3d():
+    _compare(lambda x: F.adaptive_max_pool1d(x, 4), torch.randn(2, 3, 9), grad=(0,))
+    _compare(lambda x: F.adaptive_max_pool3d(x, (2, 3, 2)), torch.randn(1, 2, 5, 4, 3), grad=(0,))
+
+
+# ---- upsampling ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [{"scale_factor": 2}, {"size": (7, 3)}, {"scale_factor": 1.7}])
+def test_upsample_nearest2d(kw):
+    _compare(lambda x: F.interpolate(x, **kw), torch.randn(2, 3, 4, 5), grad=(0,))
+    _native("aten.upsample_nearest2d.default", "aten.upsample_nearest2d_backward.default")
+
+
+def test_upsample_nearest1d_and_3d():
+    _compare(lambda x: F.interpolate(x, size=7), torch.randn(2, 3, 5), grad=(0,))
+    _compare(lambda x: F.interpolate(x, size=(3, 5, 7)), torch.randn(1, 2, 2, 3, 4), grad=(0,))
+
+
+@pytest.mark.parametrize(
+    "kw, dtype", [
+        ({"scale_factor": 2}, torch.float32),
+        ({"size": (7, 3), "align_corners": True}, torch.float32),
+        ({"scale_factor": 1.7}, torch.float64),
+        ({"size": (3, 2)}, torch.float32),
+    ],
+)
+def test_upsample_bilinear2d(kw, dtype):
+    _compare(lambda x: F.interpolate(x, mode="bilinear", **kw), torch.randn(2, 3, 5, 6),
+             grad=(0,), dtype=dtype)
+    _native("aten.upsample_bilinear2d.default", "aten.upsample_bilinear2d_backward.default")
+
+
 # ---- embedding -------------------------------------------------------------------------
 
 

@@ -839,3 +839,187 @@ def thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
                 jnp.sum(grad_input_gates, axis=0), jnp.sum(grad_hidden_gates, axis=0))
     return grad_input_gates, grad_hidden_gates, grad_hx, None, None
 
+
+
+# ---- resampling and adaptive max pooling -------------------------------------------
+
+
+def _apply_axis_matrices(x, mats, transpose=False):
+    """Contract each of the last len(mats) axes of x with its (out, in) matrix."""
+    n = len(mats)
+    for axis, m in enumerate(mats):
+        ax = x.ndim - n + axis
+        m = jnp.asarray(m, x.dtype)
+        m = m if transpose else m.T
+        x = jnp.moveaxis(jnp.tensordot(jnp.moveaxis(x, ax, -1), m, axes=1, precision=HIGHEST),
+                         -1, ax)
+    return x
+
+
+def _scale_value(scale, in_size, out_size, ftype):
+    """PyTorch's compute_scales_value: 1/scale when given, else in/out."""
+    if scale is not None and scale > 0:
+        return ftype(1.0 / scale)
+    return ftype(in_size) / ftype(out_size)
+
+
+def _nearest_matrix(in_size, out_size, scale):
+    m = np.zeros((out_size, in_size), np.float64)
+    if out_size == in_size:
+        src = np.arange(out_size)
+    elif out_size == 2 * in_size:
+        src = np.arange(out_size) >> 1
+    else:
+        s = _scale_value(scale, in_size, out_size, np.float32)
+        src = np.minimum(np.floor(np.arange(out_size, dtype=np.float32) * s).astype(np.int64),
+                         in_size - 1)
+    m[np.arange(out_size), src] = 1.0
+    return m
+
+
+def _linear_matrix(in_size, out_size, align_corners, scale, ftype):
+    if align_corners:
+        s = ftype(in_size - 1) / ftype(out_size - 1) if out_size > 1 else ftype(0)
+        src = np.arange(out_size, dtype=ftype) * s
+    else:
+        s = _scale_value(scale, in_size, out_size, ftype)
+        src = np.maximum(s * (np.arange(out_size, dtype=ftype) + ftype(0.5)) - ftype(0.5), 0)
+    i0 = src.astype(np.int64)
+    i1 = np.where(i0 < in_size - 1, i0 + 1, i0)
+    lam1 = np.clip(src - i0, 0, 1).astype(np.float64)
+    m = np.zeros((out_size, in_size), np.float64)
+    rows = np.arange(out_size)
+    np.add.at(m, (rows, i0), 1.0 - lam1)
+    np.add.at(m, (rows, i1), lam1)
+    return m
+
+
+def _ftype(x):
+    return np.float64 if x.dtype == jnp.float64 else np.float32
+
+
+def _nearest_mats(in_sizes, out_sizes, scales):
+    return [_nearest_matrix(i, o, s) for i, o, s in zip(in_sizes, out_sizes, scales, strict=True)]
+
+
+def _upsample_nearest(x, output_size, scales):
+    mats = _nearest_mats(x.shape[-len(output_size):], output_size, scales)
+    return _apply_axis_matrices(_opmath(x), mats)
+
+
+def _upsample_nearest_backward(grad_output, output_size, input_size, scales):
+    mats = _nearest_mats(input_size[-len(output_size):], output_size, scales)
+    return _apply_axis_matrices(_opmath(grad_output), mats, transpose=True)
+
+
+@lowers(aten.upsample_nearest1d.default, static=("scales",))
+def upsample_nearest1d(self, output_size, scales=None):
+    return _upsample_nearest(self, list(output_size), [scales])
+
+
+@lowers(aten.upsample_nearest2d.default, static=("scales_h", "scales_w"))
+def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, list(output_size), [scales_h, scales_w])
+
+
+@lowers(aten.upsample_nearest3d.default, static=("scales_d", "scales_h", "scales_w"))
+def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, list(output_size), [scales_d, scales_h, scales_w])
+
+
+@lowers(aten.upsample_nearest1d_backward.default, static=("scales",))
+def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
+    return _upsample_nearest_backward(grad_output, list(output_size), list(input_size),
+                                      [scales])
+
+
+@lowers(aten.upsample_nearest2d_backward.default, static=("scales_h", "scales_w"))
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None,
+                                scales_w=None):
+    return _upsample_nearest_backward(grad_output, list(output_size), list(input_size),
+                                      [scales_h, scales_w])
+
+
+@lowers(aten.upsample_nearest3d_backward.default, static=("scales_d", "scales_h", "scales_w"))
+def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None,
+                                scales_h=None, scales_w=None):
+    return _upsample_nearest_backward(grad_output, list(output_size), list(input_size),
+                                      [scales_d, scales_h, scales_w])
+
+
+def _linear_mats(in_sizes, out_sizes, align_corners, scales, ftype):
+    return [_linear_matrix(i, o, align_corners, s, ftype)
+            for i, o, s in zip(in_sizes, out_sizes, scales, strict=True)]
+
+
+@lowers(aten.upsample_bilinear2d.default, static=("scales_h", "scales_w"))
+def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    mats = _linear_mats(self.shape[-2:], list(output_size), align_corners,
+                        [scales_h, scales_w], _ftype(self))
+    return _apply_axis_matrices(_opmath(self), mats)
+
+
+@lowers(aten.upsample_bilinear2d_backward.default, static=("scales_h", "scales_w"))
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners,
+                                 scales_h=None, scales_w=None):
+    mats = _linear_mats(list(input_size)[-2:], list(output_size), align_corners,
+                        [scales_h, scales_w], _ftype(grad_output))
+    return _apply_axis_matrices(_opmath(grad_output), mats, transpose=True)
+
+
+@lowers(aten.adaptive_max_pool2d_backward.default,
+        index_error="adaptive_max_pool2d_backward: index out of range")
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@lowers(aten.adaptive_max_pool3d_backward.default,
+        index_error="adaptive_max_pool3d_backward: index out of range")
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)
+
+
+
+def _adaptive_bounds(size, out):
+    starts = (np.arange(out) * size) // out
+    ends = -((-(np.arange(out) + 1) * size) // out)
+    return starts, ends
+
+
+def _adaptive_max_pool(self, output_size):
+    n = len(output_size)
+    spatial = self.shape[-n:]
+    bounds = [_adaptive_bounds(s, o) for s, o in zip(spatial, output_size, strict=True)]
+    widths = [int((e - s).max()) for s, e in bounds]
+    lowest = _lowest(self.dtype)
+    best = jnp.full(self.shape[:-n] + tuple(output_size), lowest, self.dtype)
+    best_idx = jnp.full(best.shape, -1, jnp.int64)
+    is_float = jnp.issubdtype(self.dtype, jnp.floating)
+    for offset in np.ndindex(*widths):
+        index, flat = [], np.zeros(tuple(output_size), np.int64)
+        valid = np.ones(tuple(output_size), bool)
+        for axis, ((starts, ends), o, size) in enumerate(
+                zip(bounds, offset, spatial, strict=True)):
+            pos = starts + o
+            shape = [1] * n
+            shape[axis] = -1
+            index.append(np.minimum(pos, size - 1).reshape(shape))
+            flat = flat * size + pos.reshape(shape)
+            valid = valid & (pos < ends).reshape(shape)
+        window = self[(Ellipsis, *index)]
+        take = valid & ((window > best) | (best_idx < 0))
+        if is_float:
+            take = take | (valid & jnp.isnan(window))
+        best = jnp.where(take, window, best)
+        best_idx = jnp.where(take, jnp.asarray(flat), best_idx)
+    return best, best_idx
+
+
+@lowers(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    return _adaptive_max_pool(self, list(output_size))
+
+
+@lowers(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(self, output_size):
+    return _adaptive_max_pool(self, list(output_size))
