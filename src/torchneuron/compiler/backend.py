@@ -1,0 +1,64 @@
+"""`torch.compile(model, backend="neuron")`.
+
+Dynamo captures the graph, AOTAutograd splits it into forward and backward graphs of core ATen
+ops (with PyTorch's own decompositions), and each graph becomes one XLA executable built from
+the same lowerings eager mode uses.
+
+Options (`torch.compile(..., options={...})`):
+- `max_shapes` (int, default 16): executables kept in memory per graph; with dynamic shapes
+  XLA compiles once per distinct concrete input shape, and at most this many stay loaded.
+- `strict` (bool, default False): raise instead of running a graph that cannot be lowered in
+  eager mode on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from functorch.compile import make_boxed_func
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+
+from .graph import CompiledGraph, LoweringError, eager_graph
+
+KNOWN_OPTIONS = {"max_shapes", "strict"}
+
+
+def _decompositions() -> dict:
+    table = dict(core_aten_decompositions())
+    # Keep ops we lower natively as single nodes: XLA fuses them better than their pieces.
+    from ..lowerings import LOWERINGS
+
+    for op in list(table):
+        if op in LOWERINGS:
+            del table[op]
+    return table
+
+
+def _graph_compiler(options: dict[str, Any]):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        try:
+            return make_boxed_func(CompiledGraph(gm, options))
+        except LoweringError as err:
+            return make_boxed_func(eager_graph(gm, f"{err.op_name} cannot be lowered ({err})", options))
+
+    return compile_graph
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs: Any):
+    """The Dynamo backend registered as "neuron"."""
+    options = dict(kwargs.pop("options", None) or {})
+    options.update(kwargs)
+    unknown = set(options) - KNOWN_OPTIONS
+    if unknown:
+        raise ValueError(
+            f"torch.compile(backend='neuron'): unknown option(s) {sorted(unknown)}; "
+            f"known: {sorted(KNOWN_OPTIONS)}"
+        )
+    compiler = _graph_compiler(options)
+    return aot_autograd(
+        fw_compiler=compiler,
+        bw_compiler=compiler,
+        decompositions=_decompositions(),
+    )(gm, example_inputs)

@@ -1,0 +1,78 @@
+"""The on-disk cache of compiled executables, shared by processes.
+
+An entry is written to a temporary file in the cache directory and renamed into place, so a
+reader never sees a partial file and concurrent writers of the same key cannot interleave; each
+entry carries a SHA-256 of its payload, so a corrupted or truncated file is detected, ignored
+and rebuilt. Directory: `TORCHNEURON_CACHE_DIR`, default `~/.cache/torchneuron/executables`;
+`TORCHNEURON_CACHE_DIR=off` disables it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+_MAGIC = b"TNXC1\n"
+
+
+def cache_dir() -> Path | None:
+    configured = os.environ.get("TORCHNEURON_CACHE_DIR")
+    if configured is not None and configured.strip().lower() in ("", "0", "off", "none"):
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "torchneuron" / "executables"
+
+
+def entry_path(key: str) -> Path | None:
+    directory = cache_dir()
+    return None if directory is None else directory / f"{key}.bin"
+
+
+def load(key: str):
+    """The stored object for `key`, or None when absent; raises ValueError when corrupted."""
+    path = entry_path(key)
+    if path is None or not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 32:
+        raise ValueError(f"bad header in {path}")
+    digest = data[len(_MAGIC) : len(_MAGIC) + 32]
+    payload = data[len(_MAGIC) + 32 :]
+    if hashlib.sha256(payload).digest() != digest:
+        raise ValueError(f"checksum mismatch in {path}")
+    return pickle.loads(payload)
+
+
+def store(key: str, value) -> None:
+    path = entry_path(key)
+    if path is None:
+        return
+    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(_MAGIC)
+            handle.write(hashlib.sha256(payload).digest())
+            handle.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def discard(key: str) -> None:
+    path = entry_path(key)
+    if path is not None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
