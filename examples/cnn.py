@@ -16,11 +16,11 @@ except ImportError:  # imported as examples.cnn
 
 def build_model() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 8, kernel_size=3, padding=1),
+        nn.Conv2d(1, 8, kernel_size=3, padding=1, bias=False),
         nn.BatchNorm2d(8),
         nn.ReLU(),
         nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, kernel_size=3, padding=1),
+        nn.Conv2d(8, 16, kernel_size=3, padding=1, bias=False),
         nn.BatchNorm2d(16),
         nn.ReLU(),
         nn.AdaptiveAvgPool2d(1),

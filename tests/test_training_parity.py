@@ -36,8 +36,11 @@ class TinyMLP(nn.Module):
 class TinyCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        # No bias on a conv followed by BatchNorm: BN cancels it, so its true gradient is 0 and
+        # what autograd returns is rounding noise (~1e-8), which Adam scales up to +-lr steps of
+        # arbitrary sign on either device. Such a parameter has no well-defined parity.
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, kernel_size=3, padding=1),
+            nn.Conv2d(3, 8, kernel_size=3, padding=1, bias=False),
             nn.BatchNorm2d(8),
             nn.ReLU(),
             nn.MaxPool2d(2),
