@@ -422,3 +422,40 @@ def test_inplace_and_out_variants():
 ])
 def test_gradients(name, fn):
     check(fn, _data(torch.float32), grad=True)
+
+
+# ---- searchsorted, bucketize, bincount, unique ------------------------------------------
+
+
+def test_searchsorted_bucketize():
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 0.5, 2.0])
+    x = _data(torch.float32, (3, 4)).round(decimals=1)
+    check(lambda b, t: (torch.searchsorted(b, t), torch.searchsorted(b, t, right=True),
+                        torch.searchsorted(b, t, side="right", out_int32=True)),
+          boundaries, x, native=["aten.searchsorted.Tensor"])
+    check(lambda b: torch.searchsorted(b, 0.0), boundaries, native=["aten.searchsorted.Scalar"])
+    rows = torch.sort(_data(torch.float64, (3, 6)), dim=1).values
+    check(lambda b, t: torch.searchsorted(b, t), rows, _data(torch.float64, (3, 4), seed=1))
+    check(lambda b, t, s: torch.searchsorted(b, t, sorter=s),
+          torch.tensor([3.0, 1.0, 2.0]), x, torch.tensor([1, 2, 0]))
+    check(lambda t, b: (torch.bucketize(t, b), torch.bucketize(t, b, right=True)), x, boundaries,
+          native=["aten.bucketize.Tensor"])
+
+
+def test_bincount():
+    x = torch.tensor([1, 3, 3, 0, 7, 3])
+    check(lambda t: (torch.bincount(t), torch.bincount(t, minlength=10)), x,
+          native=["aten.bincount.default"])
+    for w in (_data(torch.float32, (6,)), torch.arange(6), _data(torch.float64, (6,))):
+        check(lambda t, ww: torch.bincount(t, ww), x, w)
+    check(lambda t: torch.bincount(t, minlength=3), torch.tensor([], dtype=torch.long))
+    for bad in (torch.tensor([-1, 2]), torch.zeros(2, 2, dtype=torch.long)):
+        with pytest.raises(RuntimeError, match="bincount only supports"):
+            torch.bincount(bad.to(DEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_unique(dtype):
+    x = _data(dtype, (3, 4)) if dtype != torch.float32 else _data(dtype, (3, 4)).round()
+    check(lambda t: torch.unique(t), x, native=["aten._unique2.default"])
+    check(lambda t: torch.unique(t, return_inverse=True, return_counts=True), x)

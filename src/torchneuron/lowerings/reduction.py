@@ -525,3 +525,56 @@ def mode(x, dim=-1, keepdim=False):
         v, i = jax.vmap(_mode_1d)(moved.reshape(-1, n))
         v, i = v.reshape(batch), i.reshape(batch)
     return _keep(v, axis, keepdim), _keep(i, axis, keepdim)
+
+
+# ---- searching, counting, unique -------------------------------------------------------
+
+
+def _searchsorted(sorted_sequence, values, right, side, sorter, out_int32):
+    side = side or ("right" if right else "left")
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1, mode="clip")
+    values = jnp.asarray(values, sorted_sequence.dtype)
+    if sorted_sequence.ndim <= 1:
+        out = jnp.searchsorted(sorted_sequence.reshape(-1), values, side=side)
+    else:
+        batch = sorted_sequence.shape[:-1]
+        rows = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
+        vals = values.reshape(rows.shape[0], -1)
+        out = jax.vmap(lambda r, v: jnp.searchsorted(r, v, side=side))(rows, vals)
+        out = out.reshape(batch + values.shape[-1:])
+    return out.astype(jnp.int32 if out_int32 else INDEX)
+
+
+@lowers(aten.searchsorted.Tensor, aten.searchsorted.Scalar, static=("side",))
+def searchsorted(sorted_sequence, x, *, out_int32=False, right=False, side=None, sorter=None):
+    return _searchsorted(sorted_sequence, x, right, side, sorter, out_int32)
+
+
+@lowers(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    return _searchsorted(boundaries, x, right, None, None, out_int32)
+
+
+@lowers(aten.bincount.default, jit=False)
+def bincount(x, weights=None, minlength=0):
+    if x.ndim != 1 or (x.size and int(jnp.min(x)) < 0):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    length = max(int(jnp.max(x)) + 1 if x.size else 0, minlength)
+    if weights is None:
+        return jnp.bincount(x, length=length).astype(INDEX)
+    dtype = weights.dtype if jnp.issubdtype(weights.dtype, jnp.floating) else jnp.float64
+    return jnp.bincount(x, weights.astype(jnp.float64), length=length).astype(dtype)
+
+
+@lowers(aten._unique2.default, jit=False)
+def unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    values, inverse, counts = jnp.unique(
+        x.reshape(-1), return_inverse=True, return_counts=True
+    )
+    empty = jnp.zeros((0,), INDEX)
+    return (
+        values,
+        inverse.reshape(x.shape).astype(INDEX) if return_inverse else empty,
+        counts.astype(INDEX) if return_counts else empty,
+    )
