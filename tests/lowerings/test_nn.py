@@ -513,3 +513,53 @@ def test_cnn_training_step_matches_cpu():
             opt.step()
     for (name, pc), pd in zip(cpu.state_dict().items(), dev.state_dict().values(), strict=True):
         torch.testing.assert_close(pd.cpu(), pc, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# ---- inference fast paths (eval + no_grad) ---------------------------------------------
+
+
+def _eval_pair(make):
+    torch.manual_seed(0)
+    cpu = make().eval()
+    dev = make().to(DEV).eval()
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev
+
+
+@pytest.mark.parametrize("norm_first, act, mask", [
+    (False, "relu", None), (True, "gelu", "causal"), (False, "gelu", "padding"),
+])
+def test_transformer_encoder_layer_fast_path(norm_first, act, mask):
+    cpu, dev = _eval_pair(lambda: nn.TransformerEncoderLayer(
+        8, 2, 16, batch_first=True, norm_first=norm_first, activation=act))
+    x = torch.randn(2, 5, 8)
+    kw = {
+        None: {},
+        "causal": {"src_mask": nn.Transformer.generate_square_subsequent_mask(5)},
+        "padding": {"src_key_padding_mask": torch.tensor([[False] * 5, [False] * 3 + [True] * 2])},
+    }[mask]
+    with torch.no_grad():
+        want = cpu(x, **kw)
+        got = dev(x.to(DEV), **{k: v.to(DEV) for k, v in kw.items()})
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-4)
+    _native("aten._transformer_encoder_layer_fwd.default")
+
+
+@pytest.mark.parametrize("kw", [{}, {"need_weights": False}, {"average_attn_weights": False},
+                                {"key_padding_mask": "kpm"}])
+def test_multihead_attention_fast_path(kw):
+    cpu, dev = _eval_pair(lambda: nn.MultiheadAttention(8, 2, batch_first=True))
+    x = torch.randn(2, 5, 8)
+    kpm = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    kw_c = {k: (kpm if v == "kpm" else v) for k, v in kw.items()}
+    kw_d = {k: (kpm.to(DEV) if v == "kpm" else v) for k, v in kw.items()}
+    xd = x.to(DEV)
+    with torch.no_grad():
+        out_c, w_c = cpu(x, x, x, **kw_c)
+        out_d, w_d = dev(xd, xd, xd, **kw_d)
+    torch.testing.assert_close(out_d.cpu(), out_c, atol=1e-5, rtol=1e-4)
+    if w_c is None:
+        assert w_d is None
+    else:
+        torch.testing.assert_close(w_d.cpu(), w_c, atol=1e-5, rtol=1e-4)
+    _native("aten._native_multi_head_attention.default")

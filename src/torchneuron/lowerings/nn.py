@@ -9,6 +9,8 @@ Half-precision inputs are computed in float32 ("opmath") like PyTorch's CPU kern
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -1023,3 +1025,87 @@ def adaptive_max_pool2d(self, output_size):
 @lowers(aten.adaptive_max_pool3d.default)
 def adaptive_max_pool3d(self, output_size):
     return _adaptive_max_pool(self, list(output_size))
+
+
+# ---- inference fast paths of nn.MultiheadAttention / nn.TransformerEncoderLayer ----------
+# (taken under torch.no_grad() in eval mode; training goes through the composite ops)
+
+
+def _linear(x, weight, bias):
+    out = jnp.matmul(x, weight.T, precision=HIGHEST)
+    return out if bias is None else out + bias
+
+
+def _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
+         mask_type, need_weights, average_attn_weights):
+    q_w, k_w, v_w = jnp.split(qkv_weight, 3, axis=0)
+    q_b, k_b, v_b = jnp.split(qkv_bias, 3, axis=0)
+    q, k, v = _linear(query, q_w, q_b), _linear(key, k_w, k_b), _linear(value, v_w, v_b)
+    b, t, d = q.shape
+    s = k.shape[1]
+    dh = d // num_head
+
+    def heads(x, n):
+        return jnp.swapaxes(x.reshape(b, n, num_head, dh), 1, 2)
+
+    q, k, v = heads(q, t) / math.sqrt(dh), heads(k, s), heads(v, s)
+    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=HIGHEST)  # (b, h, t, s)
+    masked_rows = None
+    if mask is not None:
+        if mask_type == 1:  # key padding mask (b, s)
+            mask = mask[:, None, None, :]
+        if mask.dtype == jnp.bool_:
+            scores = jnp.where(mask, -jnp.inf, scores)
+            masked_rows = jnp.all(jnp.broadcast_to(mask, scores.shape), axis=-1, keepdims=True)
+        else:
+            scores = scores + mask
+    attn = jax.nn.softmax(scores, axis=-1)
+    if masked_rows is not None:  # PyTorch's masked softmax: a fully masked row gives zeros
+        attn = jnp.where(masked_rows, jnp.zeros((), attn.dtype), attn)
+    out = jnp.matmul(attn, v, precision=HIGHEST)
+    out = _linear(jnp.swapaxes(out, 1, 2).reshape(b, t, d), proj_weight, proj_bias)
+    weights = None
+    if need_weights:
+        weights = jnp.mean(attn, axis=1) if average_attn_weights else attn
+    return out, weights
+
+
+@lowers(aten._native_multi_head_attention.default)
+def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
+                                proj_weight, proj_bias, mask=None, need_weights=True,
+                                average_attn_weights=True, mask_type=None):
+    dtype = query.dtype
+    args = [_opmath(a) for a in (query, key, value, qkv_weight, qkv_bias, proj_weight,
+                                 proj_bias)]
+    out, weights = _mha(*args[:3], num_head, *args[3:], _opmath(mask), mask_type,
+                        need_weights, average_attn_weights)
+    out = out.astype(dtype)
+    return out, (None if weights is None else weights.astype(dtype))
+
+
+@lowers(aten._transformer_encoder_layer_fwd.default)
+def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias,
+                                  proj_weight, proj_bias, use_gelu, norm_first, eps,
+                                  norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
+                                  ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2,
+                                  mask=None, mask_type=None):
+    x0 = _opmath(src)
+
+    def norm(x, w, b):
+        return native_layer_norm(x, [embed_dim], w, b, eps)[0]
+
+    def attend(x):
+        return _mha(x, x, x, num_heads, _opmath(qkv_weight), _opmath(qkv_bias),
+                    _opmath(proj_weight), _opmath(proj_bias), _opmath(mask), mask_type,
+                    False, True)[0]
+
+    def ffn(x):
+        h = _linear(x, _opmath(ffn_weight_1), _opmath(ffn_bias_1))
+        h = jax.nn.gelu(h, approximate=False) if use_gelu else jnp.maximum(h, 0)
+        return _linear(h, _opmath(ffn_weight_2), _opmath(ffn_bias_2))
+
+    if norm_first:
+        x = x0 + attend(norm(x0, norm_weight_1, norm_bias_1))
+        return x + ffn(norm(x, norm_weight_2, norm_bias_2))
+    x = norm(x0 + attend(x0), norm_weight_1, norm_bias_1)
+    return norm(x + ffn(x), norm_weight_2, norm_bias_2)
