@@ -459,3 +459,11 @@ def test_unique(dtype):
     x = _data(dtype, (3, 4)) if dtype != torch.float32 else _data(dtype, (3, 4)).round()
     check(lambda t: torch.unique(t), x, native=["aten._unique2.default"])
     check(lambda t: torch.unique(t, return_inverse=True, return_counts=True), x)
+
+
+def test_histc():
+    x = _data(torch.float32, (50,))
+    check(lambda t: (torch.histc(t), torch.histc(t, bins=7, min=-1, max=1)), x,
+          native=["aten.histc.default"])
+    check(lambda t: torch.histc(t, bins=4), torch.tensor([2.0, 2.0, 2.0]))
+    check(lambda t: torch.histc(t, bins=5, min=0, max=4), torch.tensor([0.0, 1, 2, 3, 4, 5, -1]))

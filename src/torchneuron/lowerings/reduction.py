@@ -578,3 +578,24 @@ def unique2(x, sorted=True, return_inverse=False, return_counts=False):
         inverse.reshape(x.shape).astype(INDEX) if return_inverse else empty,
         counts.astype(INDEX) if return_counts else empty,
     )
+
+
+@lowers(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    x = _upcast_half(x)
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    if x.size:
+        finite = jnp.isfinite(x)
+        data_lo = jnp.min(jnp.where(finite, x, jnp.inf)).astype(x.dtype)
+        data_hi = jnp.max(jnp.where(finite, x, -jnp.inf)).astype(x.dtype)
+        same = lo == hi
+        lo, hi = jnp.where(same, data_lo, lo), jnp.where(same, data_hi, hi)
+    equal = lo == hi
+    lo, hi = jnp.where(equal, lo - 1, lo), jnp.where(equal, hi + 1, hi)
+    inside = (x >= lo) & (x <= hi)
+    position = ((x - lo) * bins / (hi - lo)).astype(INDEX)
+    position = jnp.where(position == bins, bins - 1, position)
+    position = jnp.where(inside, position, bins)  # dropped below
+    counts = jnp.zeros((bins,), x.dtype).at[position.reshape(-1)].add(
+        jnp.ones((x.size,), x.dtype), mode="drop")
+    return counts
