@@ -225,7 +225,7 @@ def test_group_norm():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dim", [0, -1])
 def test_softmax_and_log_softmax(dim, dtype):
     x = torch.randn(3, 4, 5) * 4
     _compare(lambda x: F.softmax(x, dim), x, grad=(0,), dtype=dtype)
