@@ -17,9 +17,26 @@ from .runtime.api import fallback_ops, op_counts, reset_op_counts  # noqa: E402
 from .runtime.platform import platform_name  # noqa: E402
 
 
+def __getattr__(name: str):
+    # The compiler imports Dynamo, which is slow to import: load it only when asked for.
+    if name in ("compile_stats", "reset_compile_stats"):
+        from . import compiler
+
+        return getattr(compiler, name)
+    raise AttributeError(f"module 'torchneuron' has no attribute {name!r}")
+
+
 def _autoload() -> None:
     """Entry point for `torch.backends`: importing the package is the registration."""
     _device.register()
 
 
-__all__ = ["fallback_ops", "op_counts", "platform_name", "reset_op_counts", "__version__"]
+__all__ = [
+    "compile_stats",
+    "fallback_ops",
+    "op_counts",
+    "platform_name",
+    "reset_compile_stats",
+    "reset_op_counts",
+    "__version__",
+]

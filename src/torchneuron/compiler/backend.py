@@ -25,8 +25,18 @@ from .graph import CompiledGraph, LoweringError, eager_graph
 KNOWN_OPTIONS = {"max_shapes", "strict"}
 
 
+# Functional variants that AOTAutograd's functionalization introduces; PyTorch decomposes them
+# into ops we lower, but does not list them among the core ATen decompositions.
+_EXTRA_DECOMPOSITIONS = (torch.ops.aten._native_batch_norm_legit_functional.default,)
+
+
 def _decompositions() -> dict:
+    from torch._decomp import decomposition_table
+
     table = dict(core_aten_decompositions())
+    for op in _EXTRA_DECOMPOSITIONS:
+        if op in decomposition_table:
+            table[op] = decomposition_table[op]
     # Keep ops we lower natively as single nodes: XLA fuses them better than their pieces.
     from ..lowerings import LOWERINGS
 

@@ -26,6 +26,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from .. import __version__
 from ..lowerings import LOWERINGS
 from ..lowerings.dtypes import to_jax_dtype
+from ..lowerings.registry import index_exception
 from ..runtime import dispatch, platform, rng, storage, views
 from . import disk_cache
 from .stats import bump
@@ -198,7 +199,7 @@ class CompiledGraph:
         outputs, checks = executable(inputs, draws)
         for bad, message in zip(checks, messages):
             if bool(bad):
-                raise IndexError(message)
+                raise index_exception(message)
         return self._wrap(outputs, out_layouts)
 
     # -- inputs ----------------------------------------------------------------------------

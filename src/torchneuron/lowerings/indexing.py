@@ -225,8 +225,9 @@ def _prefix(t, shape):
     return t[tuple(slice(0, s) for s in shape)]
 
 
-_GATHER_ERROR = "gather(): index out of bounds for the dimension being indexed"
-_SCATTER_ERROR = "scatter(): index out of bounds for the dimension being indexed"
+# CPU raises RuntimeError (not IndexError) for out-of-range gather/scatter indices.
+_GATHER_ERROR = (RuntimeError, "gather(): index out of bounds for the dimension being indexed")
+_SCATTER_ERROR = (RuntimeError, "scatter(): index out of bounds for the dimension being indexed")
 
 
 @lowers(aten.gather.default, index_error=_GATHER_ERROR)
@@ -350,7 +351,8 @@ def index_select(x, dim, index):
     return (out.reshape(shape) if len(shape) == 0 else out), bad
 
 
-@lowers(aten.index_add.default, index_error=_INDEX_ERROR)
+# CPU raises RuntimeError here for a multi-dimensional self (IndexError only for 1-d).
+@lowers(aten.index_add.default, index_error=(RuntimeError, _INDEX_ERROR))
 def index_add(x, dim, index, source, *, alpha=1):
     shape = x.shape
     x, source = _at_least_1d(x), _at_least_1d(source)
@@ -417,7 +419,7 @@ def masked_select(x, mask):
 
 
 @lowers(aten.masked_scatter.default,
-        index_error="Number of elements of source < number of ones in mask")
+        index_error=(RuntimeError, "Number of elements of source < number of ones in mask"))
 def masked_scatter(x, mask, source):
     mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
     count = jnp.sum(mask, dtype=INDEX)

@@ -33,7 +33,9 @@ class Lowering:
     rng: bool = False
     # True: the function returns (result, bad) where `bad` is a boolean scalar; the runtime
     # raises IndexError(index_error) when it is set, so out-of-range indices never wrap.
-    index_error: str | None = None
+    # A (exception class, message) pair raises that class instead (CPU raises RuntimeError
+    # for some ops, e.g. gather).
+    index_error: str | tuple[type[Exception], str] | None = None
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -45,7 +47,7 @@ def lowers(
     static: tuple[str, ...] = (),
     jit: bool = True,
     rng: bool = False,
-    index_error: str | None = None,
+    index_error: str | tuple[type[Exception], str] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each ATen overload in `ops`."""
 
@@ -62,3 +64,11 @@ def lowers(
 
 def lowering_for(op: OpOverload) -> Lowering | None:
     return LOWERINGS.get(op)
+
+
+def index_exception(index_error: str | tuple[type[Exception], str]) -> Exception:
+    """The exception a failed index check raises."""
+    if isinstance(index_error, tuple):
+        cls, message = index_error
+        return cls(message)
+    return IndexError(index_error)

@@ -137,7 +137,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
             src_cpu = src
             if src_cpu.is_complex() and not dst.is_complex():
                 src_cpu = src_cpu.real
-            value = jax.device_put(_cpu_to_numpy(src_cpu), storage.platform.jax_device(0))
+            value = storage.host_to_buffer(_cpu_to_numpy(src_cpu)).reshape(src_cpu.shape)
         value = _cast_broadcast(value, dst.dtype, dst.shape)
         write_array(dst, value)
         return dst

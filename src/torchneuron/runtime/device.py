@@ -268,7 +268,8 @@ def register() -> None:
         _setup_privateuseone_for_python_backend(
             DEVICE_NAME, backend_module=module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
-        from . import dispatch
+        from . import dispatch, serialization
 
         dispatch.install()
+        serialization.install()
         _registered = True

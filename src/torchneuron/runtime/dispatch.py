@@ -26,6 +26,7 @@ import torch._decomp
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ..lowerings import LOWERINGS, Lowering
+from ..lowerings.registry import index_exception
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from . import rng, storage, views
 from .storage import CPU_KEYS
@@ -522,7 +523,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
     draw = rng.split_draw(rng.next_draw(_generator_arg(plan, values))) if lowering.rng else None
     outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
     if check is not None and bool(check):
-        raise IndexError(ex.index_error)
+        raise index_exception(ex.index_error)
     for ((i, j), (dtype, _spec)), buf in zip(ex.writes, new_buffers):
         if buf is not None:
             t = values[i] if j is None else values[i][j]
@@ -752,12 +753,20 @@ def install() -> None:
         inplace = _inplace_overload(op)
         if inplace is not None and not plan_for(inplace).is_view:
             direct.add(inplace)
+    # A CompositeImplicitAutograd op (matmul, reshape, ...) must stay composite: a backend
+    # kernel would make autograd use its derivative formula (e.g. matmul_backward), which has
+    # no kernel anywhere.
+    direct = {op for op in direct if not _is_composite_implicit(op)}
     for op in direct:
         _aten_library.impl(op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else ""),
                            _direct_kernel(op), "PrivateUse1")
 
 
 _aten_library: torch.library.Library | None = None
+
+
+def _is_composite_implicit(op: OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
 
 def _inplace_overload(op: OpOverload) -> OpOverload | None:

@@ -165,4 +165,6 @@ def reinterpret(buf: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array
 
 
 def host_to_buffer(array: np.ndarray) -> jax.Array:
-    return jax.device_put(np.ascontiguousarray(array).reshape(-1), platform.jax_device(0))
+    # The CPU client may alias host memory it is given: copy, so that later writes to the
+    # source tensor cannot show through on the device.
+    return jax.device_put(np.array(array, copy=True, order="C").reshape(-1), platform.jax_device(0))

@@ -1,0 +1,225 @@
+"""torch.compile(backend="neuron") against eager mode on the same device."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchneuron
+
+DEV = "neuron"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    torchneuron.reset_compile_stats()
+    yield
+    torch._dynamo.reset()
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=17, d=32, heads=4, seq=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.head = nn.Linear(d, vocab)
+        self.heads = heads
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=-1)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.mlp(self.ln2(x))
+        return self.head(x)
+
+
+class SmallCNN(nn.Module):
+    # Convolutions feeding BatchNorm carry no bias: its gradient is pure rounding noise,
+    # which Adam would amplify into different (equally valid) updates.
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5),
+        )
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+def _data(kind, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "lm":
+        x = torch.randint(0, 17, (4, 16), generator=g)
+        return x, torch.roll(x, -1, 1)
+    if kind == "cnn":
+        return torch.randn(6, 1, 12, 12, generator=g), torch.randint(0, 5, (6,), generator=g)
+    return torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+def _train(model, kind, compiled, steps=5):
+    torch.manual_seed(0)
+    model = model.to(DEV)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    forward = torch.compile(model, backend="neuron") if compiled else model
+    x, y = (t.to(DEV) for t in _data(kind))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        logits = forward(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("kind,factory", [("mlp", _mlp), ("cnn", SmallCNN), ("lm", TinyLM)])
+def test_compiled_training_matches_eager(kind, factory):
+    torch.manual_seed(0)
+    model = factory()
+    eager_losses, eager_model = _train(copy.deepcopy(model), kind, compiled=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no eager fallback of a graph
+        compiled_losses, compiled_model = _train(copy.deepcopy(model), kind, compiled=True)
+    torch.testing.assert_close(compiled_losses, eager_losses, rtol=1e-4, atol=0)
+    for (name, a), b in zip(eager_model.state_dict().items(), compiled_model.state_dict().values()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=1e-4, atol=1e-5, msg=name)
+    stats = torchneuron.compile_stats()
+    assert stats["graphs_compiled"] >= 2 and stats["eager_fallbacks"] == 0
+
+
+def test_compiled_optimizer_step_matches_eager():
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3), torch.randn(7)]
+    grads = [torch.randn(5, 3), torch.randn(7)]
+
+    def run(compiled):
+        ps = [p.clone().to(DEV).requires_grad_() for p in params]
+        for p, g in zip(ps, grads):
+            p.grad = g.clone().to(DEV)
+        opt = torch.optim.Adam(ps, lr=0.1)
+        step = torch.compile(opt.step, backend="neuron") if compiled else opt.step
+        for _ in range(3):
+            step()
+        return [p.detach().cpu() for p in ps]
+
+    for a, b in zip(run(False), run(True)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_seeded_dropout_is_reproducible_and_draws_fresh_masks():
+    model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.5), nn.Linear(64, 4)).to(DEV)
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(8, 16).to(DEV)
+    torch.manual_seed(123)
+    first = compiled(x).detach().cpu()
+    second = compiled(x).detach().cpu()
+    torch.manual_seed(123)
+    again = compiled(x).detach().cpu()
+    torch.testing.assert_close(again, first)
+    assert not torch.equal(first, second)
+
+
+def test_dynamic_sequence_lengths_bounded_compiles():
+    torch.manual_seed(0)
+    model = TinyLM(seq=32).to(DEV).eval()
+    compiled = torch.compile(model, backend="neuron", dynamic=True)
+    counter = torch._dynamo.testing.CompileCounter() if False else None
+    del counter
+    lengths = [3, 5, 7, 8, 9, 11, 13, 16, 20, 32]
+    with torch.no_grad():
+        for t in lengths:
+            x = torch.randint(0, 17, (2, t)).to(DEV)
+            torch.testing.assert_close(compiled(x).cpu(), model(x).cpu(), rtol=1e-4, atol=1e-5)
+    stats = torchneuron.compile_stats()
+    assert stats["graphs_compiled"] <= 2
+    # one executable per distinct concrete shape, never more (documented bound)
+    assert stats["xla_compilations"] + stats["disk_cache_hits"] <= len(lengths)
+
+
+def test_second_process_reuses_disk_cache(tmp_path):
+    script = textwrap.dedent(
+        """
+        import torch, torchneuron
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU()).to("neuron")
+        out = torch.compile(model, backend="neuron")(torch.ones(2, 6, device="neuron"))
+        out.sum().item()
+        s = torchneuron.compile_stats()
+        print(s["xla_compilations"], s["disk_cache_hits"])
+        """
+    )
+    env = {**__import__("os").environ, "TORCHNEURON_CACHE_DIR": str(tmp_path / "shared")}
+    runs = [
+        subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=300)
+        for _ in range(2)
+    ]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first = [int(v) for v in runs[0].stdout.split()[-2:]]
+    second = [int(v) for v in runs[1].stdout.split()[-2:]]
+    assert first[0] >= 1
+    assert second == [0, first[0]]
+
+
+def test_corrupted_cache_entry_is_ignored_and_rebuilt(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    model = nn.Linear(4, 4).to(DEV)
+    x = torch.ones(3, 4, device=DEV)
+    torch.compile(model, backend="neuron")(x)
+    entries = list(cache.glob("*.bin"))
+    assert entries
+    for entry in entries:
+        entry.write_bytes(entry.read_bytes()[: len(entry.read_bytes()) // 2])
+    torch._dynamo.reset()
+    torchneuron.reset_compile_stats()
+    with pytest.warns(UserWarning, match="unreadable compile cache entry"):
+        out = torch.compile(model, backend="neuron")(x)
+    torch.testing.assert_close(out.detach().cpu(), model(x).detach().cpu())
+    stats = torchneuron.compile_stats()
+    assert stats["disk_cache_errors"] >= 1 and stats["xla_compilations"] >= 1
+
+
+def test_unlowerable_op_falls_back_to_eager_with_warning():
+    def f(x):
+        return torch.ops.aten._cdist_forward.default(x, x, 2.0, None) + 1
+
+    x = torch.randn(4, 3)
+    with pytest.warns(UserWarning, match="_cdist_forward"):
+        out = torch.compile(f, backend="neuron")(x.to(DEV))
+    torch.testing.assert_close(out.cpu(), f(x))
+    assert torchneuron.compile_stats()["eager_fallbacks"] >= 1
+
+
+def test_unknown_option_is_rejected():
+    with pytest.raises(Exception, match="unknown option"):
+        torch.compile(nn.Linear(2, 2).to(DEV), backend="neuron", options={"bogus": 1})(
+            torch.ones(1, 2, device=DEV)
+        )
