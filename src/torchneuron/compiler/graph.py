@@ -104,8 +104,8 @@ class GraphInterpreter:
                 outputs = torch.fx.node.map_arg(node.args[0], load)
                 return list(outputs), checks
             target = node.target
-            args = torch.fx.node.map_arg(node.args, load)
-            kwargs = torch.fx.node.map_arg(node.kwargs, load)
+            args = list(torch.fx.node.map_arg(node.args, load))
+            kwargs = dict(torch.fx.node.map_arg(node.kwargs, load))
             if target is operator.getitem or target in _SYM_FUNCTIONS:
                 env[node] = target(*args)
                 continue

@@ -26,8 +26,8 @@ import torch._decomp
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ..lowerings import LOWERINGS, Lowering
-from ..lowerings.registry import index_exception
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
+from ..lowerings.registry import index_exception
 from . import rng, storage, views
 from .storage import CPU_KEYS
 
