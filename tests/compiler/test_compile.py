@@ -196,7 +196,7 @@ def test_corrupted_cache_entry_is_ignored_and_rebuilt(tmp_path, monkeypatch):
     model = nn.Linear(4, 4).to(DEV)
     x = torch.ones(3, 4, device=DEV)
     torch.compile(model, backend="neuron")(x)
-    entries = list(cache.glob("*.bin"))
+    entries = list((cache / "executables").glob("*.bin"))
     assert entries
     for entry in entries:
         entry.write_bytes(entry.read_bytes()[: len(entry.read_bytes()) // 2])

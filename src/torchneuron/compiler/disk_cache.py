@@ -3,8 +3,8 @@
 An entry is written to a temporary file in the cache directory and renamed into place, so a
 reader never sees a partial file and concurrent writers of the same key cannot interleave; each
 entry carries a SHA-256 of its payload, so a corrupted or truncated file is detected, ignored
-and rebuilt. Directory: `TORCHNEURON_CACHE_DIR`, default `~/.cache/torchneuron/executables`;
-`TORCHNEURON_CACHE_DIR=off` disables it.
+and rebuilt. Directory: `$TORCHNEURON_CACHE_DIR/executables` (root default
+`~/.cache/torchneuron`); `TORCHNEURON_COMPILE_CACHE=0` disables it.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ _MAGIC = b"TNXC1\n"
 
 
 def cache_dir() -> Path | None:
-    configured = os.environ.get("TORCHNEURON_CACHE_DIR")
-    if configured is not None and configured.strip().lower() in ("", "0", "off", "none"):
+    """`$TORCHNEURON_CACHE_DIR/executables` (default root `~/.cache/torchneuron`), or None when
+    `TORCHNEURON_COMPILE_CACHE=0` turns the on-disk cache off."""
+    if os.environ.get("TORCHNEURON_COMPILE_CACHE", "1").strip().lower() in ("0", "off", "false"):
         return None
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "torchneuron" / "executables"
+    root = os.environ.get("TORCHNEURON_CACHE_DIR")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "torchneuron")
+    return Path(root).expanduser() / "executables"
 
 
 def entry_path(key: str) -> Path | None:
