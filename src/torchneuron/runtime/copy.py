@@ -262,3 +262,21 @@ def record_stream(t, stream):
 def pin_memory(t, device=None):
     warnings.warn("torchneuron: pin_memory has no effect for neuron tensors", stacklevel=2)
     return t
+
+
+@special(aten.native_batch_norm.default)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    # `native_batch_norm` updates the running statistics without declaring them mutated in its
+    # schema, so it cannot run as one lowering; its `_native_batch_norm_legit` twins declare
+    # them and run fused (instead of the ~20 ops of its decomposition).
+    if training:
+        if running_mean is None or running_var is None:
+            return aten._native_batch_norm_legit.no_stats(input, weight, bias, True, momentum, eps)
+        return aten._native_batch_norm_legit.default(
+            input, weight, bias, running_mean, running_var, True, momentum, eps
+        )
+    out, _, _ = aten._native_batch_norm_legit_no_training.default(
+        input, weight, bias, running_mean, running_var, momentum, eps
+    )
+    empty = input.new_empty((0,), dtype=out.dtype if input.dtype.is_floating_point else input.dtype)
+    return out, empty, empty.clone()
