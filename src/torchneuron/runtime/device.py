@@ -268,8 +268,9 @@ def register() -> None:
         _setup_privateuseone_for_python_backend(
             DEVICE_NAME, backend_module=module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
-        from . import dispatch, serialization
+        from . import autocast, dispatch, serialization
 
         dispatch.install()
+        autocast.install()
         serialization.install()
         _registered = True
