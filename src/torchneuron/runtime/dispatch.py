@@ -693,7 +693,19 @@ def special(*ops: OpOverload) -> Callable[[Callable], Callable]:
     return register
 
 
+_torch_profiler = torch.autograd.profiler
+
+
 def neuron_fallback(op: OpOverload, *args, **kwargs) -> Any:
+    # Under torch.profiler, runtime/profiler.py records the op with the path it takes.
+    if _torch_profiler._is_profiler_enabled:
+        from .profiler import profiled
+
+        return profiled(_neuron_op, op, args, kwargs)
+    return _neuron_op(op, *args, **kwargs)
+
+
+def _neuron_op(op: OpOverload, *args, **kwargs) -> Any:
     handler = SPECIAL.get(op)
     if handler is not None:
         return handler(*args, **kwargs)

@@ -1,0 +1,77 @@
+"""torch.profiler around neuron work records each op with the path it took and its time."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from torchneuron.runtime import dispatch
+from torchneuron.runtime.profiler import neuron_records, path_of
+
+aten = torch.ops.aten
+
+
+def _fallback_op() -> torch._ops.OpOverload:
+    """An op that has no lowering and no decomposition today (skip-free: search for one)."""
+    for op in (aten._linalg_eigvals.default, aten.histc.default, aten._cdist_forward.default):
+        if path_of(op) == "fallback":
+            return op
+    raise AssertionError("no known fallback op left: pick another for this test")
+
+
+def test_profiler_records_neuron_ops_with_path_and_time() -> None:
+    x = torch.randn(8, 8).to("neuron")
+    (x @ x).relu().sum()  # compile outside the profile
+    fb = _fallback_op()
+    with torch.profiler.profile() as prof:
+        y = torch.mm(x, x)
+        z = y.relu().var()
+        v = x.view(64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if fb is aten._linalg_eigvals.default:
+                torch.linalg.eigvals(x)
+            elif fb is aten.histc.default:
+                torch.histc(x)
+            else:
+                torch.cdist(x, x)
+    assert z.device.type == "neuron" and v.shape == (64,)
+    records = neuron_records(prof)
+    names = set(records)
+    assert "neuron::native::aten.mm.default" in names, names
+    assert "neuron::native::aten.relu.default" in names, names
+    assert "neuron::view::aten.view.default" in names, names
+    assert f"neuron::fallback::{fb}" in names, names
+    decomposed = [r for r in records.values() if r["path"] == "decomposed"]
+    if path_of(aten.var.correction) == "decomposed":
+        assert any(r["op"] == "aten.var.correction" for r in decomposed), names
+    mm = records["neuron::native::aten.mm.default"]
+    assert mm["count"] == 1 and mm["cpu_time_total_us"] > 0
+    # PyTorch's own op records are still there, around ours.
+    keys = {e.key for e in prof.key_averages()}
+    assert "aten::mm" in keys
+
+
+def test_no_records_and_no_hook_outside_profiler() -> None:
+    import torch.autograd.profiler as p
+
+    assert not p._is_profiler_enabled
+    x = torch.randn(4).to("neuron")
+    before = dict(dispatch.NATIVE_COUNTS)
+    (x + x).cpu()
+    assert sum(dispatch.NATIVE_COUNTS.values()) > sum(before.values())
+
+
+def test_path_of_matches_counters() -> None:
+    x = torch.randn(4, 4).to("neuron")
+    for op, call in (
+        (aten.mm.default, lambda: torch.mm(x, x)),
+        (aten.var.correction, lambda: x.var()),
+    ):
+        dispatch.NATIVE_COUNTS.clear()
+        dispatch.DECOMP_COUNTS.clear()
+        call()
+        path = path_of(op)
+        counter = {"native": dispatch.NATIVE_COUNTS, "decomposed": dispatch.DECOMP_COUNTS}[path]
+        assert counter[str(op)] >= 1, (op, path)
