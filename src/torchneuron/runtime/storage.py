@@ -8,7 +8,6 @@ the only module that touches payloads, so a deferred value can later stand in fo
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import jax
@@ -21,9 +20,8 @@ from . import platform
 
 aten = torch.ops.aten
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-_set_storage = aten.set_.source_Storage_storage_offset
+_set_storage = aten.set_.source_Storage_storage_offset._handle
 _ADDRESS_ALIGN = 1 << 12
-_addresses = itertools.count(1 << 44, _ADDRESS_ALIGN)
 _PAYLOAD_ATTR = "_neuron_payload"
 
 
@@ -64,19 +62,36 @@ class Payload:
             STATS.num_free += 1
 
 
+_DEVICES: dict[int, torch.device] = {}
+
+
 def _device(index: int) -> torch.device:
-    return torch.device("neuron", index)
+    device = _DEVICES.get(index)
+    if device is None:  # built lazily: "neuron" exists only once the backend is registered
+        device = _DEVICES[index] = torch.device("neuron", index)
+    return device
+
+
+_next_address = [1 << 44]
+_address_lock = threading.Lock()
+
+
+def _reserve_address(nbytes: int) -> int:
+    """A fresh synthetic device address; address ranges of storages never overlap."""
+    if not nbytes:
+        return 0
+    span = (nbytes + _ADDRESS_ALIGN - 1) // _ADDRESS_ALIGN * _ADDRESS_ALIGN
+    with _address_lock:
+        address = _next_address[0]
+        _next_address[0] = address + span
+    return address
 
 
 def new_storage(nbytes: int, dtype: torch.dtype, buf=None, device_index: int = 0):
     """A fresh neuron `UntypedStorage` of `nbytes` bytes carrying a payload."""
     storage = torch._C._construct_storage_from_data_pointer(
-        next(_addresses) if nbytes else 0, _device(device_index), nbytes
+        _reserve_address(nbytes), _device(device_index), nbytes
     )
-    if nbytes:
-        # Leave room so no two storages' address ranges overlap.
-        for _ in range((nbytes - 1) // _ADDRESS_ALIGN):
-            next(_addresses)
     setattr(storage, _PAYLOAD_ATTR, Payload(nbytes, dtype, buf))
     if buf is not None:
         _LATEST[0] = buf
@@ -110,7 +125,7 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 
 def attach(tensor: torch.Tensor, storage, offset: int, shape, stride) -> torch.Tensor:
     """Point `tensor` at `storage` (metadata only, through the CPU kernel of `set_`)."""
-    _set_storage.redispatch(CPU_KEYS, tensor, storage, offset, shape, stride)
+    _set_storage.redispatch_boxed(CPU_KEYS, tensor, storage, offset, shape, stride)
     return tensor
 
 
