@@ -7,7 +7,19 @@ PyTorch device.
 
 from __future__ import annotations
 
-from .runtime import device as _device
+# When `import torchneuron` comes before `import torch`, importing torch runs its backend
+# autoload, which calls `_autoload` on this half-initialised package: it must exist already
+# and leave the registration to the code below.
+_initialised = False
+
+
+def _autoload() -> None:
+    """Entry point for `torch.backends`: importing the package is the registration."""
+    if _initialised:
+        _device.register()
+
+
+from .runtime import device as _device  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -27,10 +39,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'torchneuron' has no attribute {name!r}")
 
 
-def _autoload() -> None:
-    """Entry point for `torch.backends`: importing the package is the registration."""
-    _device.register()
-
+_initialised = True
 
 __all__ = [
     "compile_stats",
