@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?= -q -p no:cacheprovider
 
-.PHONY: all demo test lint bench bench-write clean distclean
+.PHONY: all demo test lint bench bench-write bench-compile clean distclean
 
 all: test
 
@@ -41,6 +41,9 @@ bench: $(STAMP)
 
 bench-write: $(STAMP)
 	$(BIN)/python benchmarks/eager_ops.py --write
+
+bench-compile: $(STAMP)
+	$(BIN)/python benchmarks/compile_bench.py
 
 # Build outputs and caches; the virtualenv stays (`make distclean` removes it too).
 clean:
