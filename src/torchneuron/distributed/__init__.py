@@ -29,6 +29,11 @@ def register() -> None:
         # register_backend only fills an empty slot; cpu stays gloo's for `init_process_group()`
         # on a machine without an accelerator, neuron becomes ours.
         dist.Backend.default_device_backend_map[BACKEND_NAME] = BACKEND_NAME
+    import torch
+
+    from . import streams
+
+    streams.install(torch.neuron)  # FSDP2 asks the device module for streams and events
     _registered = True
 
 

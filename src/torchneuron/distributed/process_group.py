@@ -484,4 +484,7 @@ class _SourceWork(dist.Work):
 
 def create_process_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupNeuron:
     """The creator function registered with `torch.distributed.Backend.register_backend`."""
+    from . import fsdp_compat
+
+    fsdp_compat.install()
     return ProcessGroupNeuron(store, rank, size, timeout)

@@ -1,0 +1,22 @@
+"""Rank-side training runs for test_training.py (the char GPT of examples/, a tiny config)."""
+
+from __future__ import annotations
+
+import json
+
+import ddp_gpt
+
+TINY = {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 16, "batch_size": 8}
+STEPS = 10
+
+
+def run(outdir, arg):
+    """arg: JSON {"mode": ..., "device": ..., extra train() keywords}."""
+    spec = json.loads(arg)
+    mode = spec.pop("mode")
+    device = spec.pop("device", "neuron")
+    steps = spec.pop("steps", STEPS)
+    for key in ("checkpoint", "resume"):
+        if key in spec:
+            spec[key] = str(outdir.parent / spec[key])
+    return ddp_gpt.train(device, mode, steps, seed=0, **spec, **TINY)
