@@ -417,15 +417,34 @@ def threshold_backward(grad_output, x, threshold):
     return jnp.where(x <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
 
 
+_SQRT1_2 = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
 @lowers(aten.gelu.default, static=("approximate",))
 def gelu(x, *, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+    if approximate == "tanh":
+        return jax.nn.gelu(x, approximate=True)
+    # PyTorch's formula, in float32 for half types as PyTorch does. jax.nn.gelu goes through
+    # erfc, which XLA expands into several fusions (exp, abs, select); erf is one polynomial,
+    # about 3x faster on the CPU.
+    x = _gelu_opmath(x)
+    return x * 0.5 * (1 + lax.erf(x * _SQRT1_2))
+
+
+def _gelu_opmath(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
 
 
 @lowers(aten.gelu_backward.default, static=("approximate",))
 def gelu_backward(grad_output, x, *, approximate="none"):
-    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
-    return vjp(grad_output)[0]
+    if approximate == "tanh":
+        _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=True), x)
+        return vjp(grad_output)[0]
+    x, grad_output = _gelu_opmath(x), _gelu_opmath(grad_output)
+    cdf = 0.5 * (1 + lax.erf(x * _SQRT1_2))
+    pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    return grad_output * (cdf + x * pdf)
 
 
 @lowers(aten.silu.default)
