@@ -181,3 +181,27 @@ def test_item_and_scalar_outputs():
 def test_printing_a_neuron_tensor():
     text = repr(torch.arange(3.0, device=DEV))
     assert "device='neuron:0'" in text and "0., 1., 2." in text
+
+
+def test_host_source_is_copied_not_aliased():
+    host = torch.zeros(3)
+    dev = host.to(DEV)
+    target = torch.empty(3, device=DEV)
+    target.copy_(host)
+    host.add_(1)
+    assert torch.equal(dev.cpu(), torch.zeros(3))
+    assert torch.equal(target.cpu(), torch.zeros(3))
+
+
+def test_accelerator_synchronize_and_storage_made_by_pytorch():
+    from torchneuron.runtime import rng
+
+    if not rng.native():
+        pytest.fail(f"the C++ runtime library did not load: {rng.unavailable_reason()}")
+    torch.ones(4, device=DEV).add_(1)
+    torch.accelerator.synchronize()
+    st = torch.UntypedStorage(16, device=DEV)
+    assert st.nbytes() == 16 and st.device.type == "neuron"
+    t = torch.empty(0, device=DEV).set_(st, 0, (4,), (1,))
+    t.fill_(2.5)
+    assert torch.equal(t.cpu(), torch.full((4,), 2.5))

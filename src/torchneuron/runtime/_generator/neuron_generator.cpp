@@ -15,15 +15,20 @@
 // uint64, so states move freely between torch.neuron.get_rng_state() and any neuron
 // Generator. The random numbers themselves are made by JAX from (seed, offset).
 
+#include <Python.h>
+
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/Generator.h>
 
 #include <array>
+#include <atomic>
+#include <string>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -148,6 +153,91 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
+// The device guard: what the Python guard offered (one device, the default stream) plus
+// synchronizeDevice, which torch.accelerator.synchronize() needs and the Python guard lacks.
+// It waits through torchneuron.runtime.storage.wait_for_pending (the GIL is taken here).
+struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return c10::DeviceType::PrivateUse1;
+  }
+  c10::Device exchangeDevice(c10::Device device) const override {
+    return c10::Device(c10::DeviceType::PrivateUse1, 0);
+  }
+  c10::Device getDevice() const override {
+    return c10::Device(c10::DeviceType::PrivateUse1, 0);
+  }
+  void setDevice(c10::Device /*device*/) const override {}
+  void uncheckedSetDevice(c10::Device /*device*/) const noexcept override {}
+  c10::Stream getStream(c10::Device device) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::Stream getNewStream(c10::Device /*device*/, int /*priority*/) const override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::Stream exchangeStream(c10::Stream /*stream*/) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return 1;
+  }
+  void record(void** /*event*/, const c10::Stream& /*stream*/,
+              const c10::DeviceIndex /*device_index*/,
+              const c10::EventFlag /*flag*/) const override {}
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override {
+    return true;
+  }
+  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/)
+      const noexcept override {}
+  bool queryStream(const c10::Stream& /*stream*/) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    synchronizeDevice(stream.device_index());
+  }
+  void synchronizeDevice(const c10::DeviceIndex /*device_index*/) const override {
+    PyGILState_STATE state = PyGILState_Ensure();
+    PyObject* module = PyImport_ImportModule("torchneuron.runtime.storage");
+    PyObject* result = module ? PyObject_CallMethod(module, "wait_for_pending", nullptr) : nullptr;
+    bool failed = result == nullptr;
+    std::string message;
+    if (failed) {
+      PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+      PyErr_Fetch(&type, &value, &trace);
+      PyObject* text = value ? PyObject_Str(value) : nullptr;
+      message = text ? PyUnicode_AsUTF8(text) : "unknown error";
+      Py_XDECREF(text);
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(trace);
+    }
+    Py_XDECREF(result);
+    Py_XDECREF(module);
+    PyGILState_Release(state);
+    TORCH_CHECK(!failed, "neuron synchronize failed: ", message);
+  }
+};
+
+// Storages that PyTorch allocates itself (e.g. torch.UntypedStorage(n, device="neuron")) get a
+// synthetic address from a range of their own, like the Python runtime's: no host memory is
+// ever behind it; the data lives in the storage's Python payload.
+struct NeuronAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    static std::atomic<uint64_t> next{uint64_t{1} << 52};
+    constexpr uint64_t align = 4096;
+    uint64_t span = (static_cast<uint64_t>(nbytes) + align - 1) / align * align;
+    void* address = nbytes ? reinterpret_cast<void*>(next.fetch_add(span)) : nullptr;
+    return {address, address, &release, c10::Device(c10::DeviceType::PrivateUse1, 0)};
+  }
+  static void release(void* /*ptr*/) {}
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &release;
+  }
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
+    TORCH_CHECK(false, "neuron storages hold no host memory to copy");
+  }
+};
+
 }  // namespace
 }  // namespace torchneuron
 
@@ -155,7 +245,7 @@ extern "C" {
 
 // Lets the loader refuse a library built from other sources.
 int torchneuron_generator_abi_version() {
-  return 2;
+  return 3;
 }
 
 // Registers NeuronHooks unless some hooks are registered already (PyTorch takes one set per
@@ -167,6 +257,14 @@ int torchneuron_register_hooks() {
     }
     static auto* hooks = new torchneuron::NeuronHooks();
     at::RegisterPrivateUse1HooksInterface(hooks);
+    // The device guard and allocator come with the hooks; the Python guard registered later
+    // by PyTorch's helper then finds one in place and is skipped.
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
+      static torchneuron::NeuronGuard guard;
+      c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, &guard);
+    }
+    static torchneuron::NeuronAllocator allocator;
+    c10::SetAllocator(c10::DeviceType::PrivateUse1, &allocator);
     return 1;
   } catch (const std::exception&) {
     return -1;
