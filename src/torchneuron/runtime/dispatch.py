@@ -179,22 +179,30 @@ def plan_for(op: OpOverload) -> OpPlan:
 
 
 def _tensor_key_and_inputs(t: torch.Tensor, inputs: list) -> tuple:
-    if not isinstance(t, torch.Tensor):
-        # A Python number in a Tensor slot (PyTorch's "wrapped number"): a traced scalar.
+    try:
+        payload = getattr(t.untyped_storage(), storage.PAYLOAD_ATTR, None)
+    except AttributeError:  # not a tensor: a Python number in a Tensor slot (wrapped scalar)
         inputs.append(t)
         return ("number", type(t))
-    if t.device.type != NEURON:
+    dtype = t.dtype
+    if payload is not None and payload.dtype is dtype and payload.buf is not None:
+        buf = payload.buf  # the common case: one lookup, no device check needed
+    elif t.device.type != NEURON:
         if t.dim() == 0 and t.device.type == "cpu":
             inputs.append(t.item())
-            return ("host", t.dtype)
+            return ("host", dtype)
         raise _device_mismatch(t.device)
-    dtype = t.dtype
-    buf = storage.storage_buffer(t.untyped_storage(), dtype)
-    spec = views.spec_of(t, buf.shape[0])
+    else:
+        buf = storage.storage_buffer(t.untyped_storage(), dtype)
     inputs.append(buf)
-    if spec.mode:
-        inputs.append(t.storage_offset())
-    return (dtype, spec)
+    if t.is_contiguous():
+        offset = t.storage_offset()
+        if offset == 0 and t.numel() == buf.shape[0]:
+            return (dtype, views.ViewSpec(tuple(t.shape), t.stride(), views.FULL))
+        inputs.append(offset)
+        return (dtype, views.ViewSpec(tuple(t.shape), t.stride(), views.SLICE))
+    inputs.append(t.storage_offset())
+    return (dtype, views.ViewSpec(tuple(t.shape), t.stride(), views.STRIDED))
 
 
 def _collect(plan: OpPlan, values: list) -> tuple[tuple, list]:

@@ -22,7 +22,7 @@ aten = torch.ops.aten
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = aten.set_.source_Storage_storage_offset._handle
 _ADDRESS_ALIGN = 1 << 12
-_PAYLOAD_ATTR = "_neuron_payload"
+PAYLOAD_ATTR = _PAYLOAD_ATTR = "_neuron_payload"
 
 
 class _MemoryStats:
