@@ -1,0 +1,1 @@
+"""Command-line tools: `torchneuron doctor | run | verify | ops` (see docs/CLI.md)."""
