@@ -282,6 +282,7 @@ def run_all(outdir, arg):
             results[name] = None
         except Exception:
             results[name] = traceback.format_exc()
+    results["subgroup"] = subgroup(outdir, arg)
     return results
 
 
@@ -300,14 +301,21 @@ def subgroup(outdir, arg):
 
 
 def mismatch(outdir, arg):
-    """A collective whose shapes (or dtypes) differ across ranks must raise on both ranks."""
+    """Collectives whose shapes or dtypes differ across ranks must raise on both ranks; the
+    group stays usable afterwards (the check runs before any data moves)."""
     rank = dist.get_rank()
-    if arg == "shape":
-        t = torch.ones(4 + rank, device="neuron")
-    else:
-        t = torch.ones(4, device="neuron", dtype=torch.float32 if rank == 0 else torch.float64)
-    try:
-        dist.all_reduce(t)
-    except RuntimeError as err:
-        return str(err)
-    return None
+    errors = {}
+    tensors = {
+        "shape": torch.ones(4 + rank, device="neuron"),
+        "dtype": torch.ones(4, device="neuron", dtype=torch.float32 if rank == 0 else torch.float64),
+    }
+    for what, t in tensors.items():
+        try:
+            dist.all_reduce(t)
+            errors[what] = None
+        except RuntimeError as err:
+            errors[what] = str(err)
+    after = torch.ones(2, device="neuron")
+    dist.all_reduce(after)
+    errors["after"] = after.cpu().tolist()
+    return errors

@@ -34,9 +34,10 @@ class RankResult:
 
 def run_ranks(
     target: str, outdir: Path, world: int = 2, timeout: float = 120.0, arg: str = "",
-    env: dict | None = None, expect_ok: bool = True,
+    env: dict | None = None, expect_ok: bool = True, wait_for: list[int] | None = None,
 ) -> list[RankResult]:
-    """Start `world` ranks of `target` ("module:function"); kill them all after `timeout` s."""
+    """Start `world` ranks of `target` ("module:function"); kill them all after `timeout` s,
+    or as soon as the ranks in `wait_for` (default: all) have exited."""
     import torch
 
     port = free_port()
@@ -55,7 +56,9 @@ def run_ranks(
             stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO),
         ))
     deadline = time.monotonic() + timeout
-    for p in procs:
+    for rank, p in enumerate(procs):
+        if wait_for is not None and rank not in wait_for:
+            continue
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

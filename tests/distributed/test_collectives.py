@@ -23,18 +23,19 @@ def test_collective_matches_gloo(results, name):
         assert r.value[name] is None, f"rank {r.rank}: {name}\n{r.value[name]}"
 
 
-def test_subgroups(tmp_path):
-    r0, r1 = run_ranks("collective_cases:subgroup", tmp_path, timeout=120)
-    assert r0.value["backend"] == "neuron"
-    assert r0.value["solo"].tolist() == [1.0, 1.0, 1.0]  # rank 0 is not in the 1-rank group
-    assert r1.value["solo"].tolist() == [2.0, 2.0, 2.0]  # a group of one: the value itself
-    assert r0.value["pair"].tolist() == r1.value["pair"].tolist() == [3.0, 3.0, 3.0]
+def test_subgroups(results):
+    r0, r1 = (r.value["subgroup"] for r in results)
+    assert r0["backend"] == "neuron"
+    assert r0["solo"].tolist() == [1.0, 1.0, 1.0]  # rank 0 is not in the 1-rank group
+    assert r1["solo"].tolist() == [2.0, 2.0, 2.0]  # a group of one: the value itself
+    assert r0["pair"].tolist() == r1["pair"].tolist() == [3.0, 3.0, 3.0]
 
 
-@pytest.mark.parametrize("what", ["shape", "dtype"])
-def test_mismatched_collective_raises(tmp_path, what):
-    results = run_ranks("collective_cases:mismatch", tmp_path, timeout=120, arg=what)
+def test_mismatched_collective_raises(tmp_path):
+    results = run_ranks("collective_cases:mismatch", tmp_path, timeout=120)
     for r in results:
-        assert r.value is not None, f"rank {r.rank}: mismatched all_reduce did not raise"
-        assert "mismatched collective" in r.value
-        assert ("float32[4]" in r.value) and ("float32[5]" in r.value or "float64[4]" in r.value)
+        for what, other in (("shape", "float32[5]"), ("dtype", "float64[4]")):
+            error = r.value[what]
+            assert error is not None, f"rank {r.rank}: all_reduce with mismatched {what} did not raise"
+            assert "mismatched collective" in error and "float32[4]" in error and other in error
+        assert r.value["after"] == [2.0, 2.0]

@@ -20,3 +20,15 @@ def run(outdir, arg):
         if key in spec:
             spec[key] = str(outdir.parent / spec[key])
     return ddp_gpt.train(device, mode, steps, seed=0, **spec, **TINY)
+
+
+def run_all(outdir, arg):
+    """Every parallel mode in one launch (the ranks' compiled ops are reused across modes)."""
+    results = {}
+    results["ddp"] = ddp_gpt.train("neuron", "ddp", STEPS, seed=0, **TINY)
+    results["tp"] = ddp_gpt.train("neuron", "tp", STEPS, seed=0, **TINY)
+    ckpt = str(outdir / "ckpt")
+    results["fsdp"] = ddp_gpt.train("neuron", "fsdp", STEPS, seed=0, checkpoint=ckpt, save_at=5, **TINY)
+    results["fsdp_resumed"] = ddp_gpt.train("neuron", "fsdp", STEPS, seed=0, resume=ckpt, **TINY)
+    results["fsdp_bf16"] = ddp_gpt.train("neuron", "fsdp", STEPS, seed=0, mixed_precision=True, **TINY)
+    return results

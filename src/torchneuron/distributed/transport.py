@@ -87,7 +87,14 @@ class GlooTransport(Transport):
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
 
     def _wait(self, work) -> None:
-        work.wait(self.timeout)
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"torchneuron: collective failed on rank {self.rank} of {self.size} "
+                f"(process group timeout {self.timeout}); another rank has probably exited, "
+                f"crashed or stopped calling collectives. Gloo said: {err}"
+            ) from err
 
     def allreduce(self, tensors, op) -> None:
         opts = _c10d.AllreduceOptions()

@@ -1,0 +1,49 @@
+"""DDP, FSDP2 (also with a bf16 mixed-precision policy), tensor parallel and a sharded
+checkpoint on 2 ranks, each against single-process training on the global batch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from launch import run_ranks
+from training import STEPS, TINY
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import char_gpt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def single():
+    return char_gpt.train("neuron", STEPS, 0, **TINY)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_ranks("training:run_all", tmp_path_factory.mktemp("train"), timeout=420)
+
+
+def _close(got, want, rtol):
+    assert len(got) == len(want)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp", "tp"])
+def test_parallel_training_matches_single_process(ranks, single, mode):
+    for r in ranks:
+        _close(r.value[mode], single, rtol=1e-4)
+    assert single[-1] < single[0]  # it did learn something
+
+
+def test_sharded_checkpoint_resumes_with_identical_losses(ranks):
+    for r in ranks:
+        assert len(r.value["fsdp_resumed"]) == STEPS - 5
+        assert r.value["fsdp_resumed"] == r.value["fsdp"][5:]
+
+
+def test_fsdp_mixed_precision_trains_close_to_fp32(ranks, single):
+    for r in ranks:
+        _close(r.value["fsdp_bf16"], single, rtol=3e-2)
+        assert r.value["fsdp_bf16"] != r.value["fsdp"]  # bf16 parameters really were used
