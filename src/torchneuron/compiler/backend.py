@@ -71,4 +71,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs: Any):
         fw_compiler=compiler,
         bw_compiler=compiler,
         decompositions=_decompositions(),
+        # Input mutations (optimizer state, BatchNorm running statistics) stay in the graph
+        # as copy_ nodes: the executable writes them, instead of one eager copy_ per input.
+        keep_inference_input_mutations=True,
     )(gm, example_inputs)

@@ -62,6 +62,13 @@ class GraphInterpreter:
         self.gm = gm
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        slot = {node: i for i, node in enumerate(self.placeholders)}
+        # Input mutations AOTAutograd keeps in the graph (keep_inference_input_mutations):
+        # `copy_(placeholder, value)`. Placeholder index -> node, in graph order.
+        self.mutations = {
+            slot[n.args[0]]: n for n in self.nodes
+            if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in slot
+        }
         self.rng_nodes = [
             n for n in self.nodes
             if n.op == "call_function" and n.target in LOWERINGS and LOWERINGS[n.target].rng
@@ -76,6 +83,16 @@ class GraphInterpreter:
                     continue
                 if target in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
                     continue
+                if target in _GRAPH_ONLY:
+                    continue
+                if target is aten.copy_.default:
+                    if node.args[0] not in self.placeholders:
+                        raise LoweringError(node, "copy_ into an intermediate value")
+                    continue
+                if _is_foreach(target):
+                    if _foreach_base(target) is None:
+                        raise LoweringError(node, "no lowering")
+                    continue
                 if target not in LOWERINGS:
                     raise LoweringError(node, "no lowering")
                 if not LOWERINGS[target].jit:
@@ -83,9 +100,12 @@ class GraphInterpreter:
             elif node.op in ("call_module", "call_method"):
                 raise LoweringError(node, f"unsupported FX node kind {node.op}")
 
-    def run(self, placeholder_values: list, draws: list) -> tuple[list, Any]:
+    def run(self, placeholder_values: list, draws: list, mutated: dict | None = None):
+        """Outputs and index checks; `mutated` (when given) receives placeholder index -> the
+        value the graph copies into that input."""
         env: dict[torch.fx.Node, Any] = {}
         checks = []
+        slot = {node: i for i, node in enumerate(self.placeholders)}
         for node, value in zip(self.placeholders, placeholder_values):
             env[node] = value
         draw_iter = iter(draws)
@@ -118,8 +138,50 @@ class GraphInterpreter:
             if target is aten.sym_stride.int:
                 env[node] = _val(node)
                 continue
+            if target in _GRAPH_ONLY:
+                env[node] = _GRAPH_ONLY[target](node, *args, **kwargs)
+                continue
+            if target is aten.copy_.default:
+                dst_node, value = node.args[0], args[1]
+                meta = _val(dst_node)
+                value = jnp.broadcast_to(jnp.asarray(value).astype(to_jax_dtype(meta.dtype)),
+                                         jnp.shape(args[0]))
+                env[node] = env[dst_node] = value
+                if mutated is not None:
+                    mutated[slot[dst_node]] = value
+                continue
+            if _is_foreach(target):
+                env[node] = self._foreach(node, target, args, kwargs)
+                continue
             env[node] = self._call(node, target, args, kwargs, draw_iter, checks)
         raise AssertionError("graph without output")
+
+    def _foreach(self, node, target, args, kwargs):
+        """A `_foreach_*` op (compiled optimizers): the per-tensor lowering, once per element."""
+        base = _foreach_base(target)
+        lowering = LOWERINGS[base]
+        lists = [i for i, a in enumerate(node.args) if isinstance(a, list | tuple)]
+        count = len(args[lists[0]])
+        metas = _val(node)
+        results = []
+        for i in range(count):
+            elem_args = [args[j][i] if j in lists else args[j] for j in range(len(args))]
+            elem_nodes = [node.args[j][i] if j in lists else node.args[j] for j in range(len(args))]
+            elem_kwargs = dict(kwargs)
+            if base._overloadpacket in (aten.addcmul, aten.addcdiv) and len(elem_args) == 4:
+                elem_kwargs["value"] = elem_args.pop()
+                elem_nodes.pop()
+            if lowering.promote is not None:
+                operands = _promotion_operands(elem_nodes)
+                elem_args, elem_kwargs = _promote_operands(operands, lowering.promote, elem_args,
+                                                           elem_kwargs)
+            try:
+                result = lowering.fn(*elem_args, **elem_kwargs)
+            except Exception as err:
+                raise LoweringError(node, f"{type(err).__name__}: {err}") from err
+            meta = metas[i] if isinstance(metas, list | tuple) else None
+            results.append(_cast_like(result, meta))
+        return results
 
     def _call(self, node, target, args, kwargs, draw_iter, checks):
         lowering = LOWERINGS[target]
@@ -139,14 +201,67 @@ class GraphInterpreter:
         return _cast_like(result, _val(node))
 
 
-def _promote(node, kind: str, args, kwargs):
+def _full_like(node, x, fill_value, **_):
+    # Shape from the traced input, dtype from the node's meta (its dtype= and layout kwargs
+    # are already resolved there).
+    return jnp.full(jnp.shape(x), fill_value, to_jax_dtype(_val(node).dtype))
+
+
+# Ops lowered only inside compiled graphs (eager mode reaches them through other paths).
+_GRAPH_ONLY = {aten.full_like.default: _full_like}
+
+
+def _is_foreach(target) -> bool:
+    packet = getattr(target, "_overloadpacket", None)
+    return packet is not None and packet.__name__.startswith("_foreach_")
+
+
+# Per-element overloads to try for each `_foreach_*` overload, in order.
+_FOREACH_OVERLOADS = {
+    "default": ("default",),
+    "Scalar": ("Tensor", "Tensor_Scalar", "default"),
+    "ScalarList": ("Tensor", "Tensor_Scalar", "default"),
+    "List": ("Tensor", "Tensor_Tensor", "default"),
+    "Tensor": ("Tensor", "Tensor_Tensor"),
+    "ScalarAndTensor": ("Scalar",),
+}
+
+
+def _foreach_base(target):
+    """The per-tensor op a `_foreach_*` overload applies, when it has a usable lowering."""
+    name = target._overloadpacket.__name__[len("_foreach_"):]
+    packet = getattr(aten, name, None)
+    if packet is None or name in ("copy", "zero", "norm"):
+        return None
+    if packet in (aten.addcmul, aten.addcdiv) and target._overloadname != "Scalar" and \
+            target._overloadname != "ScalarList":
+        return None
+    for overload in _FOREACH_OVERLOADS.get(target._overloadname, ()):
+        op = getattr(packet, overload, None)
+        if op is not None and op in LOWERINGS:
+            lowering = LOWERINGS[op]
+            if lowering.jit and not lowering.rng and lowering.index_error is None:
+                return op
+    return None
+
+
+def _promotion_operands(arg_nodes) -> list:
     operands = []
-    for arg in list(node.args) + list(node.kwargs.values()):
+    for arg in arg_nodes:
         val = _val(arg)
         if isinstance(val, torch.Tensor):
             operands.append(val)
         elif isinstance(val, bool | int | float | complex) and not isinstance(arg, torch.fx.Node):
             operands.append(val)
+    return operands
+
+
+def _promote(node, kind: str, args, kwargs):
+    operands = _promotion_operands(list(node.args) + list(node.kwargs.values()))
+    return _promote_operands(operands, kind, args, kwargs)
+
+
+def _promote_operands(operands, kind: str, args, kwargs):
     tensor_operands = [o for o in operands if isinstance(o, torch.Tensor)]
     if not tensor_operands:
         return args, kwargs
@@ -184,6 +299,14 @@ class CompiledGraph:
         self.interpreter = GraphInterpreter(gm)  # raises LoweringError if not lowerable
         self.executables: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.graph_digest = _graph_digest(gm)
+        # Outputs that are graph inputs as they came in (AOTAutograd saves parameters for the
+        # backward this way) are handed back as the same tensors: no copy in the executable.
+        output = next(n for n in reversed(self.interpreter.nodes) if n.op == "output")
+        slot = {node: i for i, node in enumerate(self.interpreter.placeholders)}
+        self.passthrough = {
+            i: slot[a] for i, a in enumerate(output.args[0])
+            if isinstance(a, torch.fx.Node) and a in slot and isinstance(_val(a), torch.Tensor)
+        }
         bump("graphs_compiled")
 
     def __call__(self, *args) -> list:
@@ -196,11 +319,26 @@ class CompiledGraph:
             bump("memory_cache_hits")
         executable, out_layouts, messages = entry
         draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes]
-        outputs, checks = executable(inputs, draws)
+        outputs, checks, writes = executable(inputs, draws)
         for bad, message in zip(checks, messages):
             if bool(bad):
                 raise index_exception(message)
-        return self._wrap(outputs, out_layouts)
+        if writes:
+            self._apply_mutations(key, args, writes)
+        return self._wrap(outputs, out_layouts, args)
+
+    def _apply_mutations(self, key: tuple, args, writes: list) -> None:
+        aliased = key[-1]
+        for index, new in zip(sorted(self.interpreter.mutations), writes):
+            dst = args[index]
+            if not isinstance(dst, torch.Tensor):
+                raise RuntimeError("torchneuron.compile: the graph mutates a non-tensor input")
+            if _is_device_tensor(dst) and not aliased:
+                storage.set_storage_buffer(dst.untyped_storage(), new, dst.dtype)
+            else:
+                value = storage.new_tensor(tuple(new.shape), dst.dtype, None, new.reshape(-1))
+                with torch.no_grad():
+                    dst.copy_(value)
 
     # -- inputs ----------------------------------------------------------------------------
     def _signature(self, args: list):
@@ -215,12 +353,25 @@ class CompiledGraph:
                 # SymInt inputs arrive as Python ints: one executable per concrete value.
                 key.append(("static", value if not isinstance(value, torch.SymInt) else int(value)))
                 slots.append(False)
+        # Mutated inputs sharing a storage cannot each swap in a whole buffer: then the
+        # executable returns the values and they are copied in one by one.
+        aliased = False
+        if self.interpreter.mutations:
+            seen = set()
+            for index in self.interpreter.mutations:
+                value = args[index]
+                if _is_device_tensor(value):
+                    ptr = value.untyped_storage()._cdata
+                    aliased = aliased or ptr in seen
+                    seen.add(ptr)
+        key.append(aliased)
         return tuple(key), inputs, slots
 
-    def _placeholder_values(self, key: tuple, inputs) -> list:
+    def _placeholder_values(self, key: tuple, inputs) -> tuple[list, dict]:
         values = []
+        raw = {}  # placeholder index -> (flat buffer, offset, view spec) for device tensors
         it = iter(inputs)
-        for k in key:
+        for index, k in enumerate(key[:-1]):
             if k[0] == "static":
                 values.append(k[1])
             elif k[0] == "host":
@@ -231,31 +382,48 @@ class CompiledGraph:
                 buf = next(it)
                 spec = k[1]
                 offset = 0 if spec.mode == views.FULL else next(it)
-                values.append(views.gather(buf, offset, spec))
-        return values
+                raw[index] = (buf, offset, spec)
+                values.append(_read_view(buf, offset, spec))
+        return values, raw
 
     # -- building --------------------------------------------------------------------------
     def _build(self, key: tuple, inputs: list, args: list):
         start = time.perf_counter()
+        aliased = key[-1]
         out_nodes = self._output_metas()
         layouts: list = []
         messages: list = []
 
         def fn(inputs, draws):
-            values = self._placeholder_values(key, inputs)
-            outputs, checks = self.interpreter.run(values, draws)
+            values, raw = self._placeholder_values(key, inputs)
+            mutated: dict = {}
+            outputs, checks = self.interpreter.run(values, draws, mutated)
             flat = []
             layouts.clear()
-            for out, meta in zip(outputs, out_nodes):
-                if isinstance(out, jax.Array | jax.core.Tracer) and hasattr(out, "shape"):
+            for i, (out, meta) in enumerate(zip(outputs, out_nodes)):
+                source = self.passthrough.get(i)
+                if source is not None and _is_device_tensor(args[source]):
+                    layouts.append(("input", source))
+                    flat.append(None)
+                elif isinstance(out, jax.Array | jax.core.Tracer) and hasattr(out, "shape"):
                     stride = _concrete_stride(meta, out.shape)
                     layouts.append(("tensor", _torch_dtype(meta, out), tuple(out.shape), stride))
                     flat.append(views.to_memory_order(out, stride))
                 else:
                     layouts.append(("value", out))
                     flat.append(None)
+            # The new contents of each mutated input: its whole storage buffer for a device
+            # tensor (the call swaps it in, no copy), the value itself for anything else.
+            writes = []
+            for index in sorted(mutated):
+                value = mutated[index]
+                if index in raw and not aliased:
+                    buf, offset, spec = raw[index]
+                    writes.append(views.scatter(buf, offset, value, spec))
+                else:
+                    writes.append(value)
             messages[:] = [message for _, message in checks]
-            return flat, [bad for bad, _ in checks]
+            return flat, [bad for bad, _ in checks], writes
 
         jitted = jax.jit(fn)
         draws = [rng.split_draw((0, 0)) for _ in self.interpreter.rng_nodes]
@@ -317,15 +485,41 @@ class CompiledGraph:
             warnings.warn(f"torchneuron: could not write the compile cache ({err})", stacklevel=2)
 
     # -- outputs ---------------------------------------------------------------------------
-    def _wrap(self, outputs: list, layouts: list) -> list:
+    def _wrap(self, outputs: list, layouts: list, args) -> list:
         results = []
         for buf, layout in zip(outputs, layouts):
             if layout[0] == "value":
                 results.append(layout[1])
                 continue
+            if layout[0] == "input":
+                results.append(args[layout[1]])
+                continue
             _, dtype, shape, stride = layout
             results.append(storage.new_tensor(shape, dtype, stride, buf))
         return results
+
+
+def _is_device_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == dispatch.NEURON
+
+
+def _read_view(buf, offset, spec: views.ViewSpec):
+    """A view's value. Dense permuted views (transposes saved between the forward and the
+    backward) become a slice and a transpose, which XLA folds into the consumer's layout,
+    instead of the generic gather by computed indices."""
+    if spec.mode == views.STRIDED:
+        perm = views.dense_permutation(spec.shape, spec.stride)
+        if perm is not None and 0 not in spec.shape:
+            numel = 1
+            for size in spec.shape:
+                numel *= size
+            flat = buf if numel == buf.shape[0] else jax.lax.dynamic_slice(buf, (offset,), (numel,))
+            stored = flat.reshape(tuple(spec.shape[d] for d in perm))
+            inverse = [0] * len(perm)
+            for position, d in enumerate(perm):
+                inverse[d] = position
+            return jnp.transpose(stored, inverse)
+    return views.gather(buf, offset, spec)
 
 
 def _torch_dtype(meta, out) -> torch.dtype:
