@@ -158,7 +158,8 @@ def main() -> None:
     dist.init_process_group(backend)
     if dist.get_rank() == 0:
         print(f"device {args.device} mode {args.mode} world {dist.get_world_size()} "
-              f"backend {dist.get_backend()} (LOCAL_WORLD_SIZE={os.environ.get('LOCAL_WORLD_SIZE')})")
+              f"process group {type(dist.group.WORLD).__name__} "
+              f"(LOCAL_WORLD_SIZE={os.environ.get('LOCAL_WORLD_SIZE')})")
     train(args.device, args.mode, args.steps, args.seed, log=True, mixed_precision=args.mixed_precision,
           checkpoint=args.checkpoint, resume=args.resume, save_at=args.save_at)
     dist.destroy_process_group()
