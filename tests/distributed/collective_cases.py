@@ -106,9 +106,8 @@ def cases(rank, world, gloo):
         ar_uint32, lambda: sum(_data((5,), torch.int64, r).abs() for r in range(world)))
 
     def ddp_features(dev, grp):
-        # gradient accumulation under no_sync. (find_unused_parameters=True does not work on
-        # neuron yet: DDP's reducer allocates pinned host memory, which the runtime's C++
-        # hooks do not provide, see docs/DISTRIBUTED.md.)
+        # gradient accumulation under no_sync, with a parameter the forward never uses
+        # (find_unused_parameters=True).
         from torch import nn
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -116,13 +115,14 @@ def cases(rank, world, gloo):
             def __init__(self):
                 super().__init__()
                 self.used = nn.Linear(4, 3)
+                self.unused = nn.Linear(4, 2)
 
             def forward(self, x):
                 return self.used(x)
 
         torch.manual_seed(0)
         net = Net().to(dev)
-        ddp = DDP(net, process_group=grp)
+        ddp = DDP(net, process_group=grp, find_unused_parameters=True)
         xs = [_on(dev, _data((2, 4), torch.float32, rank, s)) for s in range(2)]
         with ddp.no_sync():
             ddp(xs[0]).square().sum().backward()

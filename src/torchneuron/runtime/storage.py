@@ -107,6 +107,23 @@ def payload_of(storage) -> Payload:
     return payload
 
 
+def resize_payload(storage, nbytes: int) -> None:
+    """Called by the C++ hooks after `UntypedStorage.resize_`: keep the payload's prefix."""
+    payload = payload_of(storage)
+    with STATS.lock:
+        STATS.allocated += nbytes - payload.nbytes
+        if STATS.allocated > STATS.peak:
+            STATS.peak = STATS.allocated
+    old, payload.nbytes = payload.buf, nbytes
+    if old is None or nbytes == 0:
+        payload.buf = None
+        return
+    count = nbytes // payload.dtype.itemsize
+    keep = min(count, old.shape[0])
+    grown = jnp.zeros((count,), old.dtype)
+    payload.buf = grown.at[:keep].set(old[:keep]) if keep else grown
+
+
 def storage_size_for(shape, stride, offset: int = 0) -> int:
     """Number of elements a storage needs for the given view (0 for an empty tensor)."""
     if any(s == 0 for s in shape):

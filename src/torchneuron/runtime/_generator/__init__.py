@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("neuron_generator.cpp")
-ABI_VERSION = 3
+ABI_VERSION = 5
 _FLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared", "-w")
 
 _library: ctypes.PyDLL | None = None

@@ -21,14 +21,18 @@
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 
 #include <array>
 #include <atomic>
 #include <string>
+#include <unordered_set>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -135,6 +139,101 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
   return slot;
 }
 
+// Storages that PyTorch allocates itself (e.g. torch.UntypedStorage(n, device="neuron")) get a
+// synthetic address from a range of their own, like the Python runtime's: no host memory is
+// ever behind it; the data lives in the storage's Python payload.
+struct NeuronAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    static std::atomic<uint64_t> next{uint64_t{1} << 52};
+    constexpr uint64_t align = 4096;
+    uint64_t span = (static_cast<uint64_t>(nbytes) + align - 1) / align * align;
+    void* address = nbytes ? reinterpret_cast<void*>(next.fetch_add(span)) : nullptr;
+    return {address, address, &release, c10::Device(c10::DeviceType::PrivateUse1, 0)};
+  }
+  static void release(void* /*ptr*/) {}
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &release;
+  }
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
+    TORCH_CHECK(false, "neuron storages hold no host memory to copy");
+  }
+};
+
+// "Pinned" host memory: ordinary CPU allocations, remembered so that is_pinned() answers true
+// for them (DDP's reducer checks that its pinned staging buffers really are pinned).
+struct PinnedHostAllocator final : public c10::Allocator {
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unordered_set<const void*>& live() {
+    static std::unordered_set<const void*> pointers;
+    return pointers;
+  }
+  static void release(void* ptr) {
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      live().erase(ptr);
+    }
+    c10::free_cpu(ptr);
+  }
+  static bool owns(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex());
+    return live().count(ptr) != 0;
+  }
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = c10::alloc_cpu(nbytes == 0 ? 1 : nbytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      live().insert(ptr);
+    }
+    return {ptr, ptr, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &release;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+PinnedHostAllocator& pinned_allocator() {
+  static PinnedHostAllocator instance;
+  return instance;
+}
+
+NeuronAllocator& allocator() {
+  static NeuronAllocator instance;
+  return instance;
+}
+
+// Calls torchneuron.runtime.storage.<function>(storage, *int args) with the GIL held.
+void call_python_storage(const char* function, const c10::Storage& storage, int64_t arg) {
+  PyGILState_STATE state = PyGILState_Ensure();
+  PyObject* module = PyImport_ImportModule("torchneuron.runtime.storage");
+  PyObject* py_storage = module ? THPStorage_Wrap(storage) : nullptr;
+  PyObject* result = py_storage
+      ? PyObject_CallMethod(module, function, "OL", py_storage, static_cast<long long>(arg))
+      : nullptr;
+  std::string message;
+  if (result == nullptr) {
+    PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject* text = value ? PyObject_Str(value) : nullptr;
+    message = text ? PyUnicode_AsUTF8(text) : "unknown error";
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(trace);
+  }
+  bool failed = result == nullptr;
+  Py_XDECREF(result);
+  Py_XDECREF(py_storage);
+  Py_XDECREF(module);
+  PyGILState_Release(state);
+  TORCH_CHECK(!failed, "torchneuron: storage.", function, " failed: ", message);
+}
+
 struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override {
     return true;
@@ -150,6 +249,22 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
     return at::make_generator<NeuronGeneratorImpl>(resolve(device_index));
+  }
+  // Host memory is host memory here: "pinned" buffers (DDP, DataLoader pin_memory) are plain
+  // CPU allocations that the hooks recognise as pinned.
+  bool isPinnedPtr(const void* data) const override {
+    return PinnedHostAllocator::owns(data);
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    return &pinned_allocator();
+  }
+  // Storage.resize_ (FSDP2 frees and re-allocates parameter storages this way): a new
+  // synthetic address, and the Python payload resized to match (prefix kept).
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    auto* impl = storage.unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(allocator().allocate(newsize));
+    impl->set_nbytes(newsize);
+    call_python_storage("resize_payload", storage, static_cast<int64_t>(newsize));
   }
 };
 
@@ -218,26 +333,6 @@ struct NeuronGuard final : public c10::impl::DeviceGuardImplInterface {
   }
 };
 
-// Storages that PyTorch allocates itself (e.g. torch.UntypedStorage(n, device="neuron")) get a
-// synthetic address from a range of their own, like the Python runtime's: no host memory is
-// ever behind it; the data lives in the storage's Python payload.
-struct NeuronAllocator final : public c10::Allocator {
-  c10::DataPtr allocate(size_t nbytes) override {
-    static std::atomic<uint64_t> next{uint64_t{1} << 52};
-    constexpr uint64_t align = 4096;
-    uint64_t span = (static_cast<uint64_t>(nbytes) + align - 1) / align * align;
-    void* address = nbytes ? reinterpret_cast<void*>(next.fetch_add(span)) : nullptr;
-    return {address, address, &release, c10::Device(c10::DeviceType::PrivateUse1, 0)};
-  }
-  static void release(void* /*ptr*/) {}
-  c10::DeleterFnPtr raw_deleter() const override {
-    return &release;
-  }
-  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
-    TORCH_CHECK(false, "neuron storages hold no host memory to copy");
-  }
-};
-
 }  // namespace
 }  // namespace torchneuron
 
@@ -245,7 +340,7 @@ extern "C" {
 
 // Lets the loader refuse a library built from other sources.
 int torchneuron_generator_abi_version() {
-  return 3;
+  return 5;
 }
 
 // Registers NeuronHooks unless some hooks are registered already (PyTorch takes one set per
@@ -263,8 +358,7 @@ int torchneuron_register_hooks() {
       static torchneuron::NeuronGuard guard;
       c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, &guard);
     }
-    static torchneuron::NeuronAllocator allocator;
-    c10::SetAllocator(c10::DeviceType::PrivateUse1, &allocator);
+    c10::SetAllocator(c10::DeviceType::PrivateUse1, &torchneuron::allocator());
     return 1;
   } catch (const std::exception&) {
     return -1;
