@@ -250,6 +250,21 @@ def get_device_properties(device: Any = None):
     return _DeviceProperties(f"neuron ({platform.platform_name()}: {kind})", jdev.platform, total, str(jdev))
 
 
+def _keep_shared_parameters_shared() -> None:
+    """`module.to("neuron")` must keep tied weights tied, as `.to("cuda")` does.
+
+    PyTorch's `Module._apply` only assigns `param.data` in place when CPU and the target device
+    share a "shallow-copy compatible" tensor type, a fixed list of built-in devices. For any
+    other device it builds a new Parameter per module, which unties shared parameters (GPT-2's
+    tied embedding then gets wrong gradients). Swapping tensors in place, PyTorch's announced
+    future default, keeps every Parameter object. TORCHNEURON_SWAP_MODULE_PARAMS=0 opts out.
+    """
+    import os
+
+    if os.environ.get("TORCHNEURON_SWAP_MODULE_PARAMS", "1") not in ("0", "false", "False"):
+        torch.__future__.set_swap_module_params_on_conversion(True)
+
+
 def register() -> None:
     """Register the device with PyTorch; safe to call any number of times."""
     global _registered
@@ -272,5 +287,6 @@ def register() -> None:
 
         dispatch.install()
         autocast.install()
+        _keep_shared_parameters_shared()
         serialization.install()
         _registered = True
