@@ -25,9 +25,9 @@ __version__ = "0.1.0"
 
 _device.register()
 
+from . import distributed as _distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
 from .runtime.api import fallback_ops, op_counts, reset_op_counts  # noqa: E402
 from .runtime.platform import platform_name  # noqa: E402
-from . import distributed as _distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
 
 
 def __getattr__(name: str):
