@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.fx
 from jax.experimental import serialize_executable
@@ -329,16 +330,26 @@ class CompiledGraph:
 
     def _apply_mutations(self, key: tuple, args, writes: list) -> None:
         aliased = key[-1]
+        host = []
         for index, new in zip(sorted(self.interpreter.mutations), writes):
             dst = args[index]
             if not isinstance(dst, torch.Tensor):
                 raise RuntimeError("torchneuron.compile: the graph mutates a non-tensor input")
-            if _is_device_tensor(dst) and not aliased:
-                storage.set_storage_buffer(dst.untyped_storage(), new, dst.dtype)
+            if _is_device_tensor(dst):
+                if not aliased:
+                    storage.set_storage_buffer(dst.untyped_storage(), new, dst.dtype)
+                else:
+                    value = storage.new_tensor(tuple(new.shape), dst.dtype, None, new.reshape(-1))
+                    with torch.no_grad():
+                        dst.copy_(value)
             else:
-                value = storage.new_tensor(tuple(new.shape), dst.dtype, None, new.reshape(-1))
-                with torch.no_grad():
-                    dst.copy_(value)
+                host.append((dst, new))
+        if host:
+            # CPU inputs (an optimizer's step counters): one transfer for all of them.
+            values = jax.device_get([new for _, new in host])
+            with torch.no_grad():
+                for (dst, _), value in zip(host, values):
+                    dst.copy_(torch.from_numpy(np.asarray(value).copy()).reshape(dst.shape))
 
     # -- inputs ----------------------------------------------------------------------------
     def _signature(self, args: list):
