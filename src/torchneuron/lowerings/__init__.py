@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     indexing,
     linalg,
     nn,
+    optim,
     random,
     reduction,
     shape,
