@@ -308,6 +308,14 @@ class CompiledGraph:
             i: slot[a] for i, a in enumerate(output.args[0])
             if isinstance(a, torch.fx.Node) and a in slot and isinstance(_val(a), torch.Tensor)
         }
+        # Outputs that are views of an input (`t(weight)` saved for the backward) become
+        # views of the input tensor: (placeholder index, size, stride, storage offset).
+        self.view_outputs = {}
+        for i, a in enumerate(output.args[0]):
+            if i not in self.passthrough and isinstance(a, torch.fx.Node):
+                view = _view_of_input(a, slot)
+                if view is not None:
+                    self.view_outputs[i] = view
         bump("graphs_compiled")
 
     def __call__(self, *args) -> list:
@@ -413,8 +421,13 @@ class CompiledGraph:
             layouts.clear()
             for i, (out, meta) in enumerate(zip(outputs, out_nodes)):
                 source = self.passthrough.get(i)
+                view = self.view_outputs.get(i)
                 if source is not None and _is_device_tensor(args[source]):
                     layouts.append(("input", source))
+                    flat.append(None)
+                elif view is not None and _is_device_tensor(args[view[0]]) and \
+                        key[view[0]][1].mode == views.FULL:
+                    layouts.append(("view", *view))
                     flat.append(None)
                 elif isinstance(out, jax.Array | jax.core.Tracer) and hasattr(out, "shape"):
                     stride = _concrete_stride(meta, out.shape)
@@ -505,9 +518,46 @@ class CompiledGraph:
             if layout[0] == "input":
                 results.append(args[layout[1]])
                 continue
+            if layout[0] == "view":
+                _, index, size, stride, offset = layout
+                results.append(args[index].as_strided(size, stride, offset))
+                continue
             _, dtype, shape, stride = layout
             results.append(storage.new_tensor(shape, dtype, stride, buf))
         return results
+
+
+_VIEW_OPS = {
+    aten.t.default, aten.transpose.int, aten.permute.default, aten.view.default,
+    aten._unsafe_view.default, aten.alias.default, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.expand.default,
+}
+
+
+def _view_of_input(node, slot: dict):
+    """(placeholder index, size, stride, offset) when `node` is a chain of view ops over a
+    contiguous graph input and its layout is static; else None."""
+    meta = _val(node)
+    if not isinstance(meta, torch.Tensor):
+        return None
+    base = node
+    while isinstance(base, torch.fx.Node) and base.op == "call_function" and \
+            base.target in _VIEW_OPS:
+        base = base.args[0]
+    if base is node or not isinstance(base, torch.fx.Node) or base not in slot:
+        return None
+    base_meta = _val(base)
+    if not isinstance(base_meta, torch.Tensor) or base_meta.dtype != meta.dtype:
+        return None
+    try:
+        if not base_meta.is_contiguous() or int(base_meta.storage_offset()) != 0:
+            return None
+        size = tuple(int(s) for s in meta.shape)
+        stride = tuple(int(s) for s in meta.stride())
+        offset = int(meta.storage_offset())
+    except (TypeError, ValueError, RuntimeError):  # symbolic sizes
+        return None
+    return slot[base], size, stride, offset
 
 
 def _is_device_tensor(value) -> bool:
