@@ -20,15 +20,11 @@ transformers = pytest.importorskip(
 STEPS = 3
 
 
-@pytest.fixture(autouse=True)
-def _keep_tied_weights():
-    """What a user sets (docs/HUGGINGFACE.md): without it `model.to("neuron")` unties GPT-2's
-    wte/lm_head and BERT's decoder bias (PyTorch only keeps Parameter identity across a device
-    move for its built-in dense backends), and the gradients of tied weights come out wrong."""
-    previous = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    yield
-    torch.__future__.set_swap_module_params_on_conversion(previous)
+def test_tied_weights_stay_tied_by_default():
+    # The device turns on PyTorch's swap-on-conversion when it registers (no user setting).
+    assert torch.__future__.get_swap_module_params_on_conversion()
+
+
 BATCH, SEQ, VOCAB = 4, 12, 64
 
 
@@ -102,7 +98,7 @@ def _trainer(kind: str, device: str, tmp_path, monkeypatch) -> tuple[list[float]
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / f"{kind}-{device}"), report_to=[], max_steps=STEPS,
         per_device_train_batch_size=BATCH, logging_steps=1, save_strategy="no", seed=0,
-        learning_rate=1e-3, disable_tqdm=True, dataloader_pin_memory=False,
+        learning_rate=1e-3, disable_tqdm=True,
         use_cpu=device == "cpu",
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(kind))
