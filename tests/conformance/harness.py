@@ -56,7 +56,15 @@ RANDOM_OPS = {
     "bernoulli", "normal", "multinomial", "uniform", "cauchy", "exponential", "geometric",
     "log_normal", "rand_like", "randn_like", "randint_like", "randint", "randn", "rand",
     "randperm", "nn.functional.rrelu", "nn.functional.fractional_max_pool2d",
-    "nn.functional.fractional_max_pool3d",
+    "nn.functional.fractional_max_pool3d", "pca_lowrank", "svd_lowrank",
+}
+# Ops whose values are unspecified (uninitialized memory): only dtype/shape/device compared.
+UNSPECIFIED_VALUES = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+                      "empty_permuted"}
+# OpInfos the harness cannot check honestly, with the reason (recorded as skip).
+HARNESS_SKIPS = {
+    "as_strided.partial_views": "reads storage outside the sample view; a copy to another "
+                                "device keeps only the view's elements",
 }
 
 
@@ -120,7 +128,11 @@ class _Sample:
 def to_device(tree: Any, grad: bool = False) -> Any:
     if hasattr(tree, "sample_input") or type(tree).__name__ == "SampleInput":
         moved = to_device((tree.input, tuple(tree.args), dict(tree.kwargs)), grad)
-        return _Sample(*moved)
+        kwargs = moved[2]
+        if kwargs.get("device") in ("cpu", torch.device("cpu")):  # factory ops
+            kwargs["device"] = DEV
+        args = tuple(DEV if a == "cpu" and isinstance(a, str) else a for a in moved[1])
+        return _Sample(moved[0], args, kwargs)
 
     def move(x):
         if isinstance(x, torch.Tensor):
@@ -165,7 +177,7 @@ def _relevant_strides(t: torch.Tensor) -> tuple:
 
 
 def compare(cpu_out: Any, dev_out: Any, rtol: float, atol: float, strides: bool = True,
-            ties: bool = False) -> None:
+            ties: bool = False, values: bool = True) -> None:
     """Raise Mismatch when `dev_out` (neuron) differs from `cpu_out`.
 
     ties: the input has repeated values and the op returns indices of them; index (int64)
@@ -189,10 +201,13 @@ def compare(cpu_out: Any, dev_out: Any, rtol: float, atol: float, strides: bool 
             xc = x.detach()
             if xc.is_quantized or xc.layout != torch.strided:
                 continue
-            if ties and x.dtype == torch.int64 and len(a) > 1:
+            if (ties and x.dtype == torch.int64 and len(a) > 1) or not values:
                 continue
+            # at least the defaults of the output's dtype (int inputs, float outputs)
+            r_out, a_out = default_tolerances(x.dtype)
             try:
-                torch.testing.assert_close(yc, xc, rtol=rtol, atol=atol, equal_nan=True,
+                torch.testing.assert_close(yc, xc, rtol=max(rtol, r_out), atol=max(atol, a_out),
+                                           equal_nan=True,
                                            check_stride=False, check_device=False)
             except AssertionError as err:
                 msg = str(err).strip().replace("\n", " ")
@@ -288,7 +303,7 @@ def _has_ties(sample) -> bool:
 
 
 def _run_pair(acc: _Acc, cpu_fn, dev_fn, desc: str, rtol, atol, strides=True,
-              ties=False) -> None:
+              ties=False, values=True) -> None:
     """cpu_fn() and dev_fn() each return a result to compare; classify the sample."""
     cpu_err = dev_err = None
     cpu_out = dev_out = None
@@ -302,7 +317,7 @@ def _run_pair(acc: _Acc, cpu_fn, dev_fn, desc: str, rtol, atol, strides=True,
     try:
         dev_out = dev_fn()
         if cpu_err is None:
-            compare(cpu_out, dev_out, rtol, atol, strides, ties)
+            compare(cpu_out, dev_out, rtol, atol, strides, ties, values)
     except OpTimeout:
         raise
     except Mismatch as m:
@@ -335,15 +350,26 @@ def _samples(op, dtype, requires_grad=False, cap=6) -> Iterable:
         yield s
 
 
+def _random_sample(op, s) -> bool:
+    """Samples of deterministic OpInfos that draw random numbers (dropout inside)."""
+    if s.kwargs.get("dropout_p", 0) > 0:
+        return True
+    return op.name == "nn.functional.multi_head_attention_forward" and bool(
+        s.kwargs.get("training"))
+
+
 def check_forward(op, dtype) -> dict:
     acc = _Acc(op_id(op), "forward", dtype_name(dtype))
     rtol, atol = tolerances(op, dtype)
     cap = CAPS["forward_f32"] if dtype == torch.float32 else CAPS["forward"]
     for s in _samples(op, dtype, cap=cap):
+        if _random_sample(op, s):
+            continue  # random: the dropout masks of CPU and neuron differ by design
         d = to_device(s)
         _run_pair(acc, lambda s=s: op(s.input, *s.args, **s.kwargs),
                   lambda d=d: op(d.input, *d.args, **d.kwargs), _describe(s), rtol, atol,
-                  ties=op.name in TIE_OPS and _has_ties(s))
+                  ties=op.name in TIE_OPS and _has_ties(s),
+                  values=op.name not in UNSPECIFIED_VALUES)
     return acc.done()
 
 
@@ -432,6 +458,8 @@ def check_grad(op, dtype) -> dict:
     acc = _Acc(op_id(op), "grad", dtype_name(dtype))
     rtol, atol = tolerances(op, dtype)
     for s in _samples(op, dtype, requires_grad=True, cap=CAPS["grad"]):
+        if _random_sample(op, s):
+            continue
         cpu_in = clone_cpu((s.input, s.args, s.kwargs), grad=True)
         dev_in = to_device((s.input, s.args, s.kwargs), grad=True)
 
@@ -579,6 +607,13 @@ def check_op(op, dtypes: Iterable[torch.dtype] | None = None, variants=None,
         jobs.append(("error_inputs", None, lambda o, _d: check_error_inputs(o)))
     for variant, dtype, fn in jobs:
         if variants is not None and variant not in variants:
+            continue
+        if op_id(op) in HARNESS_SKIPS:
+            records.append({"op": op_id(op), "variant": variant,
+                            "dtype": dtype_name(dtype) if dtype else "any", "status": "skip",
+                            "samples": 0, "passed": 0, "fallback_ops": [], "decomposed_ops": [],
+                            "detail": "harness: " + HARNESS_SKIPS[op_id(op)], "seconds": 0,
+                            "kind": "op"})
             continue
         t0 = time.perf_counter()
         if time_limit:
