@@ -289,3 +289,50 @@ def test_unknown_option_is_rejected():
         torch.compile(nn.Linear(2, 2).to(DEV), backend="neuron", options={"bogus": 1})(
             torch.ones(1, 2, device=DEV)
         )
+
+
+def test_data_dependent_ops_give_eager_equal_results():
+    def f(x):
+        y = x * 2
+        kept = y[y > 0]  # boolean masking: output shape depends on values
+        return kept.sum() + x.nonzero().shape[0] + y.max().item()
+
+    x = torch.tensor([[-1.0, 2.0], [3.0, -4.0]])
+    compiled = torch.compile(f, backend="neuron")
+    expected = f(x)
+    got = compiled(x.to(DEV))
+    torch.testing.assert_close(torch.as_tensor(got).cpu(), torch.as_tensor(expected))
+
+
+def test_concurrent_writers_share_the_disk_cache(tmp_path):
+    script = textwrap.dedent(
+        """
+        import torch, torchneuron
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh()).to("neuron")
+        out = torch.compile(model, backend="neuron")(torch.ones(3, 5, device="neuron"))
+        print(round(float(out.sum().item()), 5))
+        s = torchneuron.compile_stats()
+        print(s["xla_compilations"], s["disk_cache_hits"], s["disk_cache_errors"])
+        """
+    )
+    env = {**__import__("os").environ, "TORCHNEURON_CACHE_DIR": str(tmp_path / "shared")}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err
+    values = {out.split()[0] for out, _ in outputs}
+    assert len(values) == 1
+    for out, _ in outputs:
+        assert int(out.split()[-1]) == 0  # no corrupted entry seen
+    # a third process finds every executable on disk, intact
+    third = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert third.returncode == 0, third.stderr
+    compilations, hits, errors = (int(v) for v in third.stdout.split()[-3:])
+    assert compilations == 0 and hits >= 1 and errors == 0
+    assert not list((tmp_path / "shared" / "executables").glob(".tmp-*"))

@@ -704,13 +704,24 @@ def special(*ops: OpOverload) -> Callable[[Callable], Callable]:
 _torch_profiler = torch.autograd.profiler
 
 
-def neuron_fallback(op: OpOverload, *args, **kwargs) -> Any:
-    # Under torch.profiler, runtime/profiler.py records the op with the path it takes.
-    if _torch_profiler._is_profiler_enabled:
-        from .profiler import profiled
+_set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
-        return profiled(_neuron_op, op, args, kwargs)
-    return _neuron_op(op, *args, **kwargs)
+
+def neuron_fallback(op: OpOverload, *args, **kwargs) -> Any:
+    # When an op runs eagerly inside a torch.compile'd function (after a graph break), Dynamo's
+    # frame hook is active: without turning it off here, Dynamo would try to compile the
+    # runtime's own Python (and JAX's) as user code.
+    prior = _set_eval_frame(None)
+    try:
+        # Under torch.profiler, runtime/profiler.py records the op with the path it takes.
+        if _torch_profiler._is_profiler_enabled:
+            from .profiler import profiled
+
+            return profiled(_neuron_op, op, args, kwargs)
+        return _neuron_op(op, *args, **kwargs)
+    finally:
+        if prior is not None:
+            _set_eval_frame(prior)
 
 
 def _neuron_op(op: OpOverload, *args, **kwargs) -> Any:
