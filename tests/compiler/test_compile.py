@@ -323,7 +323,7 @@ def test_concurrent_writers_share_the_disk_cache(tmp_path):
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outputs):
+    for p, (_out, err) in zip(procs, outputs):
         assert p.returncode == 0, err
     values = {out.split()[0] for out, _ in outputs}
     assert len(values) == 1
