@@ -263,6 +263,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3, help="GPT steps per round (x4 for others)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--warm-cache", action="store_true",
                         help="keep the usual compile cache directories")
     parser.add_argument("--write", action="store_true", help=f"also write {DOC.relative_to(REPO)}")
@@ -275,6 +277,8 @@ def main() -> int:
         shlex.quote(a) for a in [f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]
     )
     warnings.filterwarnings("ignore", category=UserWarning)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
     all_results = {}
     for name in args.models.split(","):
@@ -286,6 +290,12 @@ def main() -> int:
         for config, r in results.items():
             if "error" in r:
                 notes.append(f"- {name} / {config} fails: `{r['error']}`")
+    notes.append("- first steps run in configuration order within one process: a `+opt` variant "
+                 "compiles the same model graphs as the variant before it, so their compile "
+                 "caches (fresh for the run) are already warm for the model part")
+    notes.append("- multi-threaded torch CPU kernels (OpenMP) slow down far more than XLA's thread "
+                 "pool when the cores are oversubscribed (load average above the core count); "
+                 "on such a machine the CPU columns are inflated well beyond the load factor")
     stats = torchneuron.compile_stats()
     notes.append(f"- neuron compile backend counters at the end: eager fallbacks "
                  f"{stats['eager_fallbacks']}, XLA compilations {stats['xla_compilations']}")
