@@ -46,16 +46,21 @@ def mv(x, v):
 
 
 def _scaled_sum(bias, product, beta, alpha):
-    if isinstance(alpha, int | float) and alpha == 1:
-        scaled = product
-    else:
-        scaled = product * alpha
-    if isinstance(beta, int | float) and beta == 0:
+    scaled = product if _is_number(alpha, 1) else product * alpha
+    if _is_number(beta, 0):
         # PyTorch ignores `input` entirely when beta == 0 (NaN in it must not propagate).
         return jnp.broadcast_to(scaled, product.shape)
-    if isinstance(beta, int | float) and beta == 1:
+    if _is_number(beta, 1):
         return bias + scaled
-    return bias * beta + scaled
+    if isinstance(beta, int | float):
+        return bias * beta + scaled
+    # beta is traced (it may change between calls): the same rule, decided at run time
+    scaled_bias = jnp.where(beta == 0, jnp.zeros((), product.dtype), bias * beta)
+    return scaled_bias + scaled
+
+
+def _is_number(value, number) -> bool:
+    return isinstance(value, int | float) and value == number
 
 
 @lowers(aten.addmm.default, promote=DEFAULT)

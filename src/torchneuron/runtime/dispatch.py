@@ -76,6 +76,11 @@ def _kind_of(arg_type: torch._C.JitType) -> int:
     return _KINDS.get(str(arg_type), STATIC)
 
 
+# Ops whose kernels return a tensor sharing the input's storage although their schema does not
+# say so; composite kernels rely on it (`kron.out` writes its result through `_unsafe_view`).
+_ALIASING_WITHOUT_ANNOTATION = {aten._unsafe_view.default}
+
+
 def _functional_overload(op: OpOverload) -> OpOverload | None:
     """`add_.Tensor` -> `add.Tensor`; `add.out` -> `add.Tensor` (matched by argument names)."""
     schema = op._schema
@@ -125,7 +130,7 @@ class OpPlan:
         returns = schema.returns
         # Views and in-place metadata changes (`transpose_`, `as_strided_`) only touch
         # sizes/strides/offset: both run through the CPU kernel on the shared storage.
-        self.is_view = torch.Tag.inplace_view in op.tags or (
+        self.is_view = op in _ALIASING_WITHOUT_ANNOTATION or torch.Tag.inplace_view in op.tags or (
             bool(returns)
             and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
         )
@@ -443,7 +448,7 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
             if value.dtype != jdtype:
                 value = value.astype(jdtype)
             if tuple(value.shape) != shape:
-                value = jnp.broadcast_to(value, shape) if value.size == 1 else value.reshape(shape)
+                value = _conform(value, shape, plan.name)
             outputs.append(views.to_memory_order(value, stride))
         new_buffers = []
         for (dtype, spec), value, (buf, offset) in zip(write_meta, write_vals, write_inputs):
@@ -465,6 +470,19 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
     ex = _Executable(compiled, None if dynamic else fresh_meta, targets, has_check, lowering.index_error)
     ex.writes = list(zip(targets, write_meta))
     return ex
+
+
+def _conform(value, shape: tuple, op_name: str):
+    """A lowering result in the shape PyTorch's meta kernel reports; a real disagreement is an
+    error (never reinterpreted silently)."""
+    if value.size == 1 and all(s == 1 for s in shape) or value.ndim == 0:
+        return jnp.broadcast_to(value, shape)
+    if [s for s in value.shape if s != 1] == [s for s in shape if s != 1]:
+        return value.reshape(shape)
+    raise RuntimeError(
+        f"torchneuron: the lowering of {op_name} produced shape {tuple(value.shape)} where "
+        f"PyTorch expects {shape} (please report this bug)"
+    )
 
 
 def _outputs_meta(outputs: list) -> tuple[list, list]:
@@ -661,8 +679,15 @@ def _run_out_variant(plan: OpPlan, functional: OpOverload, args: tuple, kwargs: 
     # Call the functional op's decomposition, not the op: for structured ops the functional
     # kernel of a PrivateUse1 device is a composite that calls this very `out` overload.
     decomposition = torch._decomp.decomposition_table.get(functional)
-    if functional in LOWERINGS or decomposition is None or functional in _decomposing:
-        result = functional(*pos, **kw)
+    if functional in _decomposing or plan.op in _decomposing:
+        # The decomposition came back to this op (through prims): finish it on CPU.
+        return _cpu_fallback(plan, args, kwargs)
+    if functional in LOWERINGS or decomposition is None:
+        _decomposing.add(plan.op)
+        try:
+            result = functional(*pos, **kw)
+        finally:
+            _decomposing.discard(plan.op)
     else:
         DECOMP_COUNTS[str(functional)] += 1
         _decomposing.add(functional)
