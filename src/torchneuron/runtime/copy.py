@@ -102,6 +102,8 @@ _write_jit = jax.jit(views.scatter, static_argnums=(3,))
 def write_array(dst: torch.Tensor, value: jax.Array) -> None:
     """Store `value` (dst's shape and dtype) into dst's view of its storage."""
     st = dst.untyped_storage()
+    if dst.is_conj() or dst.is_neg():  # a lazy conj/neg view stores conj/neg of its values
+        value = views.apply_bits(value, dst.is_conj(), dst.is_neg())
     nelem = st.nbytes() // dst.dtype.itemsize if dst.dtype.itemsize else 0
     spec = views.spec_of(dst, nelem)
     if spec.mode == views.FULL:

@@ -189,6 +189,14 @@ def _tensor_key_and_inputs(t: torch.Tensor, inputs: list) -> tuple:
     except AttributeError:  # not a tensor: a Python number in a Tensor slot (wrapped scalar)
         inputs.append(t)
         return ("number", type(t))
+    if t.is_conj() or t.is_neg():
+        # A lazy conjugate/negative view (x.conj(), conj().imag, ...): the storage holds the
+        # unconjugated/unnegated values; the op must see the logical ones.
+        return ("bits", t.is_conj(), t.is_neg(), _plain_key_and_inputs(t, payload, inputs))
+    return _plain_key_and_inputs(t, payload, inputs)
+
+
+def _plain_key_and_inputs(t: torch.Tensor, payload, inputs: list) -> tuple:
     dtype = t.dtype
     if payload is not None and payload.dtype is dtype and payload.buf is not None:
         buf = payload.buf  # the common case: one lookup, no device check needed
@@ -246,6 +254,8 @@ def _rebuild(plan: OpPlan, key: tuple, inputs, static_values: list) -> list:
             return jnp.asarray(next(it), to_jax_dtype(k[1]))
         if k[0] == "number":
             return next(it)
+        if k[0] == "bits":
+            return views.apply_bits(tensor(k[3]), k[1], k[2])
         buf = next(it)
         spec = k[1]
         offset = 0 if spec.mode == views.FULL else next(it)
@@ -845,8 +855,13 @@ def logical_array(t: torch.Tensor) -> jax.Array:
     buf = storage.storage_buffer(t.untyped_storage(), t.dtype)
     spec = views.spec_of(t, buf.shape[0])
     if spec.mode == views.FULL:
-        return buf.reshape(spec.shape)
-    return _gather_jit(buf, t.storage_offset(), spec)
+        value = buf.reshape(spec.shape)
+    else:
+        value = _gather_jit(buf, t.storage_offset(), spec)
+    if t.is_conj() or t.is_neg():
+        value = _apply_bits_jit(value, t.is_conj(), t.is_neg())
+    return value
 
 
 _gather_jit = jax.jit(views.gather, static_argnums=(2,))
+_apply_bits_jit = jax.jit(views.apply_bits, static_argnums=(1, 2))

@@ -84,3 +84,13 @@ def to_memory_order(value, stride):
     if perm is None or perm == tuple(range(value.ndim)):
         return value.reshape(-1)
     return jnp.transpose(value, perm).reshape(-1)
+
+
+def apply_bits(value, conj: bool, neg: bool):
+    """A lazy conjugate/negative view's logical value from its stored one (and the stored
+    value from a logical one: both maps are involutions)."""
+    if conj and jnp.iscomplexobj(value):
+        value = jnp.conj(value)
+    if neg:
+        value = -value
+    return value
