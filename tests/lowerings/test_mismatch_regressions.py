@@ -84,3 +84,42 @@ def test_fft_conj_paths(fn):
 def test_linalg_eigvals_grad():
     a = torch.randn(5, 5, generator=torch.Generator().manual_seed(1))
     _check(torch.linalg.eigvals, [a], atol=1e-4, rtol=1e-4)
+
+
+def test_logcumsumexp_grad_large_entries():
+    # op_db's sample: a leading 10000 along the scanned dim. CPU accumulates float32 in double.
+    x = torch.randn(5, 5, 5, generator=torch.Generator().manual_seed(2)) * 3
+    x[0] = 10000
+    cot = torch.randn(5, 5, 5, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for dev in ("cpu", DEV):
+        xx = x.clone().to(dev).requires_grad_()
+        out = torch.logcumsumexp(xx, 0)
+        out.backward(cot.to(dev))
+        torch.testing.assert_close(out.detach().cpu(), torch.logcumsumexp(x, 0))
+        grads.append(xx.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_erfinv_near_one():
+    x = torch.cat([
+        torch.rand(2000, generator=torch.Generator().manual_seed(4)) * 2 - 1,
+        torch.linspace(0.99, 0.9999999, 200),
+        -torch.linspace(0.99, 0.9999999, 200),
+    ])
+    _check(torch.erfinv, [x])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_half_computes_in_float32(dtype, approximate):
+    x = torch.randn(10, 10, generator=torch.Generator().manual_seed(5)).mul(3).to(dtype)
+    cot = torch.randn(10, 10, generator=torch.Generator().manual_seed(6)).to(dtype)
+    res = []
+    for dev in ("cpu", DEV):
+        xx = x.clone().to(dev).requires_grad_()
+        out = torch.nn.functional.gelu(xx, approximate=approximate)
+        out.backward(cot.to(dev))
+        res.append((out.detach().cpu(), xx.grad.cpu()))
+    torch.testing.assert_close(res[1][0], res[0][0])
+    torch.testing.assert_close(res[1][1], res[0][1])

@@ -20,6 +20,15 @@ BOOL = "ALWAYS_BOOL"
 NO_OPMATH = "NO_OPMATH"
 
 
+def _erfinv(x):
+    # JAX's float32 erfinv is a single-precision polynomial, off by up to ~100 ulp near +-1
+    # (amplified by erfinv's backward, exp(erfinv(x)**2)); CPU refines its approximation with
+    # Newton steps. Computing in float64 and rounding matches CPU to within an ulp.
+    if x.dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
+        return jax.scipy.special.erfinv(x.astype(jnp.float64)).astype(x.dtype)
+    return jax.scipy.special.erfinv(x)
+
+
 def _unary(op_packet, fn, promote=INT_TO_FLOAT, overloads=("default",)):
     ops = [getattr(op_packet, o) for o in overloads]
     lowers(*ops, promote=promote)(lambda x: fn(x))
@@ -33,7 +42,7 @@ for _name, _fn in {
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
-    "erfinv": jax.scipy.special.erfinv, "lgamma": jax.scipy.special.gammaln,
+    "erfinv": lambda x: _erfinv(x), "lgamma": jax.scipy.special.gammaln,
     "digamma": jax.scipy.special.digamma, "reciprocal": lambda x: 1 / x,
     "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
 }.items():
@@ -424,7 +433,7 @@ _INV_SQRT_2PI = 0.3989422804014327
 @lowers(aten.gelu.default, static=("approximate",))
 def gelu(x, *, approximate="none"):
     if approximate == "tanh":
-        return jax.nn.gelu(x, approximate=True)
+        return jax.nn.gelu(_gelu_opmath(x), approximate=True)
     # PyTorch's formula, in float32 for half types as PyTorch does. jax.nn.gelu goes through
     # erfc, which XLA expands into several fusions (exp, abs, select); erf is one polynomial,
     # about 3x faster on the CPU.
@@ -439,6 +448,7 @@ def _gelu_opmath(x):
 @lowers(aten.gelu_backward.default, static=("approximate",))
 def gelu_backward(grad_output, x, *, approximate="none"):
     if approximate == "tanh":
+        x, grad_output = _gelu_opmath(x), _gelu_opmath(grad_output)
         _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=True), x)
         return vjp(grad_output)[0]
     x, grad_output = _gelu_opmath(x), _gelu_opmath(grad_output)
