@@ -123,3 +123,17 @@ def test_gelu_half_computes_in_float32(dtype, approximate):
         res.append((out.detach().cpu(), xx.grad.cpu()))
     torch.testing.assert_close(res[1][0], res[0][0])
     torch.testing.assert_close(res[1][1], res[0][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_logcumsumexp_complex_matches_cpu_branch(dtype):
+    # CPU's complex log-add-exp does not wrap the imaginary part: results may leave (-pi, pi].
+    gen = torch.Generator().manual_seed(7)
+    x = torch.complex(torch.randn(5, 5, 5, generator=gen) * 5, torch.randn(5, 5, 5, generator=gen) * 5)
+    x = x.to(dtype)
+    x[1, 1, 1] = complex(float("nan"), 0)
+    x[2, 2, 2] = complex(-float("inf"), 1)
+    for dim in (0, 1, 2):
+        torch.testing.assert_close(
+            torch.logcumsumexp(x.to(DEV), dim).cpu(), torch.logcumsumexp(x, dim), equal_nan=True
+        )

@@ -369,7 +369,39 @@ def logcumsumexp(x, dim):
     axis = _axis(x, dim)
     if axis is None or x.shape[axis] == 0:
         return x
+    if jnp.iscomplexobj(x):
+        return _complex_logcumsumexp(x, axis)
     return lax.cumlogsumexp(x, axis=axis)
+
+
+def _complex_logaddexp(x, acc):
+    """CPU's _log_add_exp_helper for complex (ATen/native/cpu/LogAddExp.h): the imaginary
+    part is not wrapped, so the result depends on the order, and the scan is sequential."""
+    x_nan = jnp.isnan(x.real) | jnp.isnan(x.imag)
+    acc_nan = jnp.isnan(acc.real) | jnp.isnan(acc.imag)
+    x_smaller = x.real < acc.real
+    mn = jnp.where(x_smaller, x, acc)
+    mx = jnp.where(x_smaller, acc, x)
+    mn = jnp.where(acc_nan, acc, jnp.where(x_nan, x, mn))
+    mx = jnp.where(acc_nan, acc, jnp.where(x_nan, x, mx))
+    general = jnp.log1p(jnp.exp(mn - mx)) + mx
+    inf_case = ~jnp.isfinite(mn.real) & (mn.real == mx.real)
+    inf_value = jnp.where(mn.real < 0, mn, jnp.log(jnp.exp(mn) + jnp.exp(mx)))
+    nan = jnp.asarray(complex(jnp.nan, jnp.nan), x.dtype)
+    return jnp.where(x_nan | acc_nan, nan, jnp.where(inf_case, inf_value, general))
+
+
+def _complex_logcumsumexp(x, axis):
+    dtype = x.dtype
+    moved = jnp.moveaxis(x, axis, 0).astype(jnp.complex128)  # CPU accumulates in double
+
+    def step(acc, v):
+        acc = _complex_logaddexp(v, acc)
+        return acc, acc
+
+    init = jnp.full(moved.shape[1:], complex(-jnp.inf, 0), jnp.complex128)
+    _, out = lax.scan(step, init, moved)
+    return jnp.moveaxis(out.astype(dtype), 0, axis)
 
 
 def _cum_extreme(better):
