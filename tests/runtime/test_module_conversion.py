@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
 DEV = "neuron"
 
 
-def test_tied_weights_stay_tied_and_train_like_cpu():
+@pytest.fixture
+def swap_on_conversion():
+    previous = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    yield
+    torch.__future__.set_swap_module_params_on_conversion(previous)
+
+
+def test_swap_is_off_by_default_so_rnn_state_dicts_load():
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+    lstm = nn.LSTM(3, 4).to(DEV)
+    lstm.load_state_dict(nn.LSTM(3, 4).state_dict())
+
+
+def test_tied_weights_stay_tied_and_train_like_cpu(swap_on_conversion):
     torch.manual_seed(0)
     emb = nn.Embedding(10, 6)
     head = nn.Linear(6, 10, bias=False)

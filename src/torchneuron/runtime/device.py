@@ -251,17 +251,18 @@ def get_device_properties(device: Any = None):
 
 
 def _keep_shared_parameters_shared() -> None:
-    """`module.to("neuron")` must keep tied weights tied, as `.to("cuda")` does.
+    """Opt-in (TORCHNEURON_SWAP_MODULE_PARAMS=1): `module.to("neuron")` keeps tied weights tied.
 
     PyTorch's `Module._apply` only assigns `param.data` in place when CPU and the target device
-    share a "shallow-copy compatible" tensor type, a fixed list of built-in devices. For any
-    other device it builds a new Parameter per module, which unties shared parameters (GPT-2's
-    tied embedding then gets wrong gradients). Swapping tensors in place, PyTorch's announced
-    future default, keeps every Parameter object. TORCHNEURON_SWAP_MODULE_PARAMS=0 opts out.
+    share a "shallow-copy compatible" tensor type, a fixed list of built-in devices; for any
+    other device it builds a new Parameter per module, which unties shared parameters. Swapping
+    tensors in place (PyTorch's announced future default) keeps them, but it is a process-wide
+    switch that also changes `load_state_dict`, which then fails for modules that hold weak
+    references to their parameters (nn.LSTM/GRU), on every device. So it stays opt-in.
     """
     import os
 
-    if os.environ.get("TORCHNEURON_SWAP_MODULE_PARAMS", "1") not in ("0", "false", "False"):
+    if os.environ.get("TORCHNEURON_SWAP_MODULE_PARAMS", "0") in ("1", "true", "True"):
         torch.__future__.set_swap_module_params_on_conversion(True)
 
 
