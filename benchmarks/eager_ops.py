@@ -158,13 +158,23 @@ def main() -> int:
     text = "\n".join([*header(command, load), "", *rows, "", *notes])
     print(text)
     if args.write:
-        DOC.write_text(
+        section = (
             "# Eager per-op benchmarks\n\n"
             "Produced by `benchmarks/eager_ops.py --write` (`make bench` prints it without writing). "
             "Small tensors, so these figures are per-op overhead (dispatch, Python, PJRT call), "
             "not throughput. Absolute times drift between runs on shared machines; compare the "
             "ratios within one run.\n\n" + text + "\n"
         )
+        # Replace only this section: the file's other sections (the next heading onwards)
+        # belong to the other benchmark scripts.
+        old = DOC.read_text() if DOC.exists() else ""
+        rest = ""
+        lines = old.splitlines(keepends=True)
+        for i, line in enumerate(lines[1:], start=1):
+            if line.startswith("#"):
+                rest = "".join(lines[i:])
+                break
+        DOC.write_text(section + ("\n" + rest if rest else ""))
         print(f"\nwrote {DOC.relative_to(REPO)}")
     return 0
 
