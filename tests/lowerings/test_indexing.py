@@ -8,23 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import torchneuron
+from lowering_checks import assert_native
 
 DEV = "neuron"
 
 
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("TORCHNEURON_STRICT", "1")
-    torchneuron.reset_op_counts()
-
-
-def _native(*names):
-    counts = torchneuron.op_counts()
-    for name in names:
-        assert counts["native"].get(name, 0) > 0, (name, counts)
-    assert not counts["fallback"], counts["fallback"]
+pytestmark = pytest.mark.usefixtures("strict")  # tests/lowerings/conftest.py
 
 
 def _data(dtype, shape=(3, 4, 5), seed=0):
@@ -70,7 +59,7 @@ def check(fn, *inputs, native=(), grad=()):
         got.backward(seed.to(DEV))
         for i in grad:
             torch.testing.assert_close(dev_in[i].grad.cpu(), cpu_in[i].grad, atol=1e-5, rtol=1e-5)
-    _native(*native)
+    assert_native(*native)
     return got
 
 

@@ -10,23 +10,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import torchneuron
+from lowering_checks import assert_native
 
 DEV = "neuron"
 
 
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("TORCHNEURON_STRICT", "1")
-    torchneuron.reset_op_counts()
-
-
-def _native(*names):
-    counts = torchneuron.op_counts()
-    for name in names:
-        assert counts["native"].get(name, 0) > 0, (name, counts)
-    assert not counts["fallback"], counts["fallback"]
+pytestmark = pytest.mark.usefixtures("strict")  # tests/lowerings/conftest.py
 
 
 def _tol(dtype):
@@ -81,7 +70,7 @@ def test_conv2d(kw, dtype):
     w = torch.randn(6 if groups != 4 else 8, 4 // groups, 3, 3)
     b = torch.randn(w.shape[0])
     _compare(lambda x, w, b: F.conv2d(x, w, b, **kw), x, w, b, grad=(0, 1, 2), dtype=dtype)
-    _native("aten.convolution.default", "aten.convolution_backward.default")
+    assert_native("aten.convolution.default", "aten.convolution_backward.default")
 
 
 def test_conv1d_and_conv3d():
@@ -89,7 +78,7 @@ def test_conv1d_and_conv3d():
              torch.randn(2, 3, 9), torch.randn(5, 3, 3), torch.randn(5), grad=(0, 1, 2))
     _compare(lambda x, w: F.conv3d(x, w, padding=1, stride=(1, 2, 2)),
              torch.randn(1, 2, 4, 5, 5), torch.randn(3, 2, 3, 3, 3), grad=(0, 1))
-    _native("aten.convolution.default", "aten.convolution_backward.default")
+    assert_native("aten.convolution.default", "aten.convolution_backward.default")
 
 
 @pytest.mark.parametrize(
@@ -101,7 +90,7 @@ def test_conv1d_and_conv3d():
 def test_conv_transpose2d(kw):
     x, w, b = torch.randn(2, 4, 5, 4), torch.randn(4, 3, 3, 2), torch.randn(3 * kw.get("groups", 1))
     _compare(lambda x, w, b: F.conv_transpose2d(x, w, b, **kw), x, w, b, grad=(0, 1, 2))
-    _native("aten.convolution.default", "aten.convolution_backward.default")
+    assert_native("aten.convolution.default", "aten.convolution_backward.default")
 
 
 def test_conv_transpose1d():
@@ -120,7 +109,7 @@ def test_conv_weight_grad_only():
     dev(x.to(DEV)).backward(g.to(DEV))
     torch.testing.assert_close(dev.weight.grad.cpu(), conv.weight.grad, **_tol(torch.float32))
     torch.testing.assert_close(dev.bias.grad.cpu(), conv.bias.grad, **_tol(torch.float32))
-    _native("aten.convolution_backward.default")
+    assert_native("aten.convolution_backward.default")
 
 
 def test_conv_wrong_channels_raises():
@@ -168,7 +157,7 @@ def test_batch_norm_grads_of_affine_params():
     torch.testing.assert_close(xd.grad.cpu(), xc.grad, **tol)
     torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, **tol)
     torch.testing.assert_close(dev.bias.grad.cpu(), cpu.bias.grad, **tol)
-    _native("aten.native_batch_norm_backward.default")
+    assert_native("aten.native_batch_norm_backward.default")
 
 
 def test_native_batch_norm_legit_updates_running_stats():
@@ -194,7 +183,7 @@ def test_native_batch_norm_legit_updates_running_stats():
                                                      0.1, 1e-5)
     for a, d in zip(stats_c, stats_d, strict=True):
         torch.testing.assert_close(d.cpu(), a, **tol)
-    _native("aten._native_batch_norm_legit.default",
+    assert_native("aten._native_batch_norm_legit.default",
             "aten._native_batch_norm_legit_no_training.default",
             "aten._native_batch_norm_legit.no_stats")
 
@@ -206,19 +195,19 @@ def test_layer_norm(shape, dtype):
     w, b = torch.randn(shape), torch.randn(shape)
     _compare(lambda x, w, b: F.layer_norm(x, shape, w, b, eps=1e-4), x, w, b, grad=(0, 1, 2),
              dtype=dtype)
-    _native("aten.native_layer_norm.default", "aten.native_layer_norm_backward.default")
+    assert_native("aten.native_layer_norm.default", "aten.native_layer_norm_backward.default")
 
 
 def test_layer_norm_without_affine():
     _compare(lambda x: F.layer_norm(x, (5,)), torch.randn(3, 4, 5), grad=(0,))
-    _native("aten.native_layer_norm_backward.default")
+    assert_native("aten.native_layer_norm_backward.default")
 
 
 def test_group_norm():
     x = torch.randn(3, 6, 4, 2)
     w, b = torch.randn(6), torch.randn(6)
     _compare(lambda x, w, b: F.group_norm(x, 3, w, b), x, w, b, grad=(0, 1, 2))
-    _native("aten.native_group_norm.default", "aten.native_group_norm_backward.default")
+    assert_native("aten.native_group_norm.default", "aten.native_group_norm_backward.default")
 
 
 # ---- softmax ---------------------------------------------------------------------------
@@ -230,7 +219,7 @@ def test_softmax_and_log_softmax(dim, dtype):
     x = torch.randn(3, 4, 5) * 4
     _compare(lambda x: F.softmax(x, dim), x, grad=(0,), dtype=dtype)
     _compare(lambda x: F.log_softmax(x, dim), x, grad=(0,), dtype=dtype)
-    _native("aten._softmax.default", "aten._log_softmax.default",
+    assert_native("aten._softmax.default", "aten._log_softmax.default",
             "aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default")
 
 
@@ -286,7 +275,7 @@ def test_max_pool2d_values_indices_grad(kw):
     out_c, out_d = _compare(lambda x: F.max_pool2d(x, return_indices=True, **kw), x, grad=(0,))
     assert out_d[1].dtype == torch.int64
     assert torch.equal(out_d[1].cpu(), out_c[1])
-    _native("aten.max_pool2d_with_indices.default",
+    assert_native("aten.max_pool2d_with_indices.default",
             "aten.max_pool2d_with_indices_backward.default")
 
 
@@ -317,7 +306,7 @@ def test_max_pool1d_and_3d():
 )
 def test_avg_pool2d(kw):
     _compare(lambda x: F.avg_pool2d(x, **kw), torch.randn(2, 3, 8, 9), grad=(0,))
-    _native("aten.avg_pool2d.default", "aten.avg_pool2d_backward.default")
+    assert_native("aten.avg_pool2d.default", "aten.avg_pool2d_backward.default")
 
 
 def test_avg_pool1d_and_3d():
@@ -328,7 +317,7 @@ def test_avg_pool1d_and_3d():
 @pytest.mark.parametrize("size", [(3, 4), (8, 7), (5, 1)])
 def test_adaptive_avg_pool2d(size):
     _compare(lambda x: F.adaptive_avg_pool2d(x, size), torch.randn(2, 3, 8, 7), grad=(0,))
-    _native("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d_backward.default")
+    assert_native("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d_backward.default")
 
 
 def test_adaptive_avg_pool1d_and_3d():
@@ -342,7 +331,7 @@ def test_adaptive_max_pool2d(size):
     out_c, out_d = _compare(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), x,
                             grad=(0,))
     assert torch.equal(out_d[1].cpu(), out_c[1])
-    _native("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool2d_backward.default")
+    assert_native("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool2d_backward.default")
 
 
 def test_adaptive_max_pool1d_and_3d():
@@ -356,7 +345,7 @@ def test_adaptive_max_pool1d_and_3d():
 @pytest.mark.parametrize("kw", [{"scale_factor": 2}, {"size": (7, 3)}, {"scale_factor": 1.7}])
 def test_upsample_nearest2d(kw):
     _compare(lambda x: F.interpolate(x, **kw), torch.randn(2, 3, 4, 5), grad=(0,))
-    _native("aten.upsample_nearest2d.default", "aten.upsample_nearest2d_backward.default")
+    assert_native("aten.upsample_nearest2d.default", "aten.upsample_nearest2d_backward.default")
 
 
 def test_upsample_nearest1d_and_3d():
@@ -375,7 +364,7 @@ def test_upsample_nearest1d_and_3d():
 def test_upsample_bilinear2d(kw, dtype):
     _compare(lambda x: F.interpolate(x, mode="bilinear", **kw), torch.randn(2, 3, 5, 6),
              grad=(0,), dtype=dtype)
-    _native("aten.upsample_bilinear2d.default", "aten.upsample_bilinear2d_backward.default")
+    assert_native("aten.upsample_bilinear2d.default", "aten.upsample_bilinear2d_backward.default")
 
 
 # ---- embedding -------------------------------------------------------------------------
@@ -386,7 +375,7 @@ def test_upsample_bilinear2d(kw, dtype):
 def test_embedding(kw):
     idx = torch.tensor([[1, 2, 4], [3, 1, 1]])
     _compare(lambda w, i: F.embedding(i, w, **kw), torch.randn(6, 4), idx, grad=(0,))
-    _native("aten.embedding.default", "aten.embedding_dense_backward.default")
+    assert_native("aten.embedding.default", "aten.embedding_dense_backward.default")
 
 
 @pytest.mark.parametrize("bad", [6, -1])
@@ -407,7 +396,7 @@ def test_nll_loss(reduction, weighted):
     w = torch.rand(4) + 0.1 if weighted else None
     _compare(lambda x, t, w: F.nll_loss(x, t, weight=w, reduction=reduction, ignore_index=2),
              x, t, w, grad=(0,))
-    _native("aten.nll_loss_forward.default", "aten.nll_loss_backward.default")
+    assert_native("aten.nll_loss_forward.default", "aten.nll_loss_backward.default")
 
 
 def test_nll_loss2d():
@@ -415,7 +404,7 @@ def test_nll_loss2d():
     t = torch.randint(0, 3, (2, 4, 5))
     t[0, 0, 0] = -100
     _compare(lambda x, t: F.nll_loss(x, t), x, t, grad=(0,))
-    _native("aten.nll_loss2d_forward.default", "aten.nll_loss2d_backward.default")
+    assert_native("aten.nll_loss2d_forward.default", "aten.nll_loss2d_backward.default")
 
 
 def test_nll_loss_target_out_of_range():
@@ -445,7 +434,7 @@ def test_cross_entropy(kw):
 def test_mse_loss(reduction):
     _compare(lambda x, y: F.mse_loss(x, y, reduction=reduction), torch.randn(4, 5),
              torch.randn(4, 5), grad=(0, 1))
-    _native("aten.mse_loss.default", "aten.mse_loss_backward.default")
+    assert_native("aten.mse_loss.default", "aten.mse_loss_backward.default")
 
 
 def test_binary_cross_entropy():
@@ -453,7 +442,7 @@ def test_binary_cross_entropy():
     t = torch.rand(4, 5)
     w = torch.rand(4, 5)
     _compare(lambda x, t, w: F.binary_cross_entropy(x, t, w), x, t, w, grad=(0,))
-    _native("aten.binary_cross_entropy.default", "aten.binary_cross_entropy_backward.default")
+    assert_native("aten.binary_cross_entropy.default", "aten.binary_cross_entropy_backward.default")
 
 
 @pytest.mark.parametrize("pos_weight", [False, True])
@@ -485,7 +474,7 @@ def test_rnn_modules(kind):
     for (name, pc), pd in zip(cpu.named_parameters(), dev.parameters(), strict=True):
         torch.testing.assert_close(pd.grad.cpu(), pc.grad, **tol, msg=name)
     fused = "aten._thnn_fused_lstm_cell" if kind is nn.LSTM else "aten._thnn_fused_gru_cell"
-    _native(fused + ".default")
+    assert_native(fused + ".default")
 
 
 # ---- a small training step -------------------------------------------------------------
@@ -542,7 +531,7 @@ def test_transformer_encoder_layer_fast_path(norm_first, act, mask):
         want = cpu(x, **kw)
         got = dev(x.to(DEV), **{k: v.to(DEV) for k, v in kw.items()})
     torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-4)
-    _native("aten._transformer_encoder_layer_fwd.default")
+    assert_native("aten._transformer_encoder_layer_fwd.default")
 
 
 @pytest.mark.parametrize("kw", [{}, {"need_weights": False}, {"average_attn_weights": False},
@@ -562,4 +551,4 @@ def test_multihead_attention_fast_path(kw):
         assert w_d is None
     else:
         torch.testing.assert_close(w_d.cpu(), w_c, atol=1e-5, rtol=1e-4)
-    _native("aten._native_multi_head_attention.default")
+    assert_native("aten._native_multi_head_attention.default")

@@ -10,25 +10,14 @@ import math
 
 import pytest
 import torch
-
-import torchneuron
+from lowering_checks import assert_native
 
 DEV = "neuron"
 NAN = math.nan
 INF = math.inf
 
 
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    monkeypatch.setenv("TORCHNEURON_STRICT", "1")
-    torchneuron.reset_op_counts()
-
-
-def _native(*names):
-    counts = torchneuron.op_counts()
-    for name in names:
-        assert counts["native"].get(name, 0) > 0, (name, counts)
-    assert not counts["fallback"], counts["fallback"]
+pytestmark = pytest.mark.usefixtures("strict")  # tests/lowerings/conftest.py
 
 
 def _data(dtype, shape=(3, 4, 5), seed=0):
@@ -75,7 +64,7 @@ def check(fn, *inputs, native=(), grad=False):
         for c, d in zip(cpu_in, dev_in, strict=True):
             if isinstance(c, torch.Tensor):
                 torch.testing.assert_close(d.grad.cpu(), c.grad, atol=1e-5, rtol=1e-4)
-    _native(*native)
+    assert_native(*native)
     return got
 
 
@@ -259,7 +248,7 @@ def test_norm_overloads():
     x = _data(torch.float64)
     check(lambda t: (t.norm(), t.norm(1), t.norm(p=3, dim=1), t.norm(dim=(0, 2), keepdim=True),
                      torch.norm(t.float(), dim=1, dtype=torch.float64)), x)
-    _native("aten.linalg_vector_norm.default")
+    assert_native("aten.linalg_vector_norm.default")
 
 
 # ---- scans ------------------------------------------------------------------------------
@@ -315,7 +304,7 @@ def test_sort_nan_and_signed_zero():
     x = torch.tensor([1.0, NAN, 0.0, -0.0, 1.0, NAN, -INF, INF])
     check(lambda t: (t.sort(stable=True), t.sort(descending=True, stable=True)), x)
     check(lambda t: t.sort(), torch.randperm(10).float())
-    _native("aten.sort.default")
+    assert_native("aten.sort.default")
 
 
 @pytest.mark.parametrize("largest", [True, False])
