@@ -262,12 +262,7 @@ def all_(x):
     return jnp.all(_truthy(x))
 
 
-@lowers(aten.all.dim)
-def all_dim(x, dim, keepdim=False):
-    return jnp.all(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
-
-
-@lowers(aten.all.dims)
+@lowers(aten.all.dim, aten.all.dims)
 def all_dims(x, dim=None, keepdim=False):
     return jnp.all(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
 
@@ -277,12 +272,7 @@ def any_(x):
     return jnp.any(_truthy(x))
 
 
-@lowers(aten.any.dim)
-def any_dim(x, dim, keepdim=False):
-    return jnp.any(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
-
-
-@lowers(aten.any.dims)
+@lowers(aten.any.dim, aten.any.dims)
 def any_dims(x, dim=None, keepdim=False):
     return jnp.any(_truthy(x), axis=_axes(x, dim), keepdims=keepdim)
 
