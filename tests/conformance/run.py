@@ -120,7 +120,7 @@ def _unit_name(unit, op_names, module_names) -> str:
     return module_names[unit["index"]]
 
 
-def plan_units(selected_ops=None, modules=True):
+def plan_units(selected_ops=None, modules=True, groups=("f32", "modules", "rest")):
     sys.path.insert(0, str(HERE))
     import harness
     from torch.testing._internal.common_methods_invocations import op_db
@@ -129,21 +129,23 @@ def plan_units(selected_ops=None, modules=True):
     op_names = [harness.op_id(op) for op in op_db]
     module_names = [m.name for m in module_db]
     idx = [i for i, n in enumerate(op_names) if selected_ops is None or n in selected_ops]
-    units = [{"kind": "op", "index": i, "group": "f32"} for i in idx]
-    if modules:
+    units = [{"kind": "op", "index": i, "group": "f32"} for i in idx] if "f32" in groups else []
+    if modules and "modules" in groups:
         units += [{"kind": "module", "index": i} for i, n in enumerate(module_names)
                   if selected_ops is None or n in selected_ops]
     rest = [i for i in idx if any(str(d) != "torch.float32" for d in harness.op_dtypes(op_db[i]))]
     # A fixed shuffle: a sweep cut short by --budget still covers the other dtypes of a
     # sample of OpInfos that is not biased by op_db's order.
     random.Random(0).shuffle(rest)
-    units += [{"kind": "op", "index": i, "group": "rest"} for i in rest]
+    if "rest" in groups:
+        units += [{"kind": "op", "index": i, "group": "rest"} for i in rest]
     return units, op_names, module_names
 
 
 def sweep(args) -> int:
     selected = set(args.ops.split(",")) if args.ops else None
-    units, op_names, module_names = plan_units(selected, modules=not args.no_modules)
+    units, op_names, module_names = plan_units(selected, modules=not args.no_modules,
+                                               groups=tuple(args.groups.split(",")))
     results_path = Path(args.results)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results = open(results_path, "w")
@@ -456,6 +458,9 @@ def main() -> int:
     s.add_argument("--budget", type=float, default=0, help="seconds; 0: no limit")
     s.add_argument("--ops", default="", help="comma-separated OpInfo/ModuleInfo names (default: all)")
     s.add_argument("--no-modules", action="store_true")
+    s.add_argument("--groups", default="f32,modules,rest",
+                   help="units to run: f32 (float32 OpInfo checks, grads, error_inputs), "
+                        "modules (ModuleInfo), rest (every other dtype)")
     s.add_argument("--write-manifest", action="store_true")
     s.add_argument("--results", default=str(RESULTS))
     s.add_argument("--no-report", action="store_true")
