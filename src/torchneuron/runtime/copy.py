@@ -174,21 +174,37 @@ def local_scalar_dense(t):
     return neuron_to_cpu(t).item()
 
 
+def _to_copy_strides(t: torch.Tensor, dtype: torch.dtype, memory_format) -> tuple[int, ...]:
+    """The strides PyTorch gives `t.to(dtype, memory_format=...)`: its meta kernel applies the
+    rules (preserve_format keeps a dense input's strides, as empty_like does; channels_last
+    asks for rank 4) and raises PyTorch's own errors."""
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    stride = tuple(aten._to_copy.default(meta, dtype=dtype, memory_format=memory_format).stride())
+    if views.dense_permutation(tuple(t.shape), stride) is None:
+        return storage.contiguous_strides(t.shape)
+    return stride
+
+
+_memory_order_jit = jax.jit(views.to_memory_order, static_argnums=(1,))
+
+
 @special(aten._to_copy.default)
 def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     dtype = dtype or t.dtype
     target = torch.device(device) if device is not None else t.device
+    stride = _to_copy_strides(t, dtype, memory_format)
     if target.type == NEURON:
         if t.device.type == NEURON:
             value = _cast_broadcast(logical_array(t), dtype, t.shape)
-            return storage.new_tensor(tuple(t.shape), dtype, None, value.reshape(-1))
-        src = t if t.dtype == dtype else t.to(dtype)
-        if src.is_complex() and not dtype.is_complex:
-            src = src.real
-        return cpu_to_new_neuron(src)
+        else:
+            src = t if t.dtype == dtype else t.to(dtype)
+            if src.is_complex() and not dtype.is_complex:
+                src = src.real
+            value = storage.host_to_buffer(_cpu_to_numpy(src)).reshape(src.shape)
+        return storage.new_tensor(tuple(t.shape), dtype, stride, _memory_order_jit(value, stride))
     if t.device.type == NEURON:
-        out = neuron_to_cpu(t)
-        return out.to(device=target, dtype=dtype)
+        out = torch.empty_strided(t.shape, stride, dtype=dtype, device=target)
+        return out.copy_(neuron_to_cpu(t))
     raise _device_mismatch(t.device)
 
 

@@ -149,8 +149,11 @@ class OpPlan:
                 self.functional = functional
         self.decomposition: Callable | None = torch._decomp.decomposition_table.get(op)
         self.cache: dict[tuple, Callable] = {}
-        self.static_names = self.lowering.static if self.lowering else frozenset()
-        if self.lowering is not None:
+        # In-place/out= variants run the functional lowering: its static arguments (e.g.
+        # vector_norm's `ord`) must reach it as Python values here too.
+        runs = self.lowering if self.lowering is not None else LOWERINGS.get(self.functional)
+        self.static_names = runs.static if runs is not None else frozenset()
+        if runs is not None:
             self.kinds = [
                 STATIC if (k == SCALAR and n in self.static_names) else k
                 for k, n in zip(self.kinds, self.arg_names)

@@ -1,0 +1,70 @@
+"""Runtime-level conformance regressions found by the OpInfo sweep (tests/conformance): each
+compares the neuron device with CPU PyTorch on the sample that failed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchneuron  # noqa: F401  (registers the neuron device)
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    """No silent CPU fallback: an op that would run on CPU raises instead."""
+    monkeypatch.setenv("TORCHNEURON_STRICT", "1")
+
+
+def _same(neuron_result: torch.Tensor, cpu_result: torch.Tensor) -> None:
+    assert neuron_result.device.type == "neuron"
+    assert neuron_result.stride() == cpu_result.stride()
+    torch.testing.assert_close(neuron_result.cpu(), cpu_result)
+
+
+_NCHW = torch.randn(2, 3, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "src",
+    [_NCHW, _NCHW.contiguous(memory_format=torch.channels_last), _NCHW.transpose(1, 3)],
+    ids=["contiguous", "channels_last", "transposed"],
+)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dtype": torch.float64, "memory_format": torch.channels_last},
+        {"dtype": torch.float16},
+        {"dtype": torch.int32, "memory_format": torch.contiguous_format},
+    ],
+    ids=["channels_last", "preserve", "contiguous"],
+)
+def test_to_copy_memory_format(strict, src: torch.Tensor, kwargs: dict) -> None:
+    expected = src.to(**kwargs)
+    _same(src.to("neuron").to(**kwargs), expected)  # neuron -> neuron
+    _same(src.to("neuron", **kwargs), expected)  # cpu -> neuron
+    back = src.to("neuron").to("cpu", **kwargs)  # neuron -> cpu
+    assert back.stride() == expected.stride()
+    torch.testing.assert_close(back, expected)
+
+
+def test_to_copy_channels_last_needs_rank_4() -> None:
+    with pytest.raises(RuntimeError, match="rank 4"):
+        torch.randn(3, 4, device="neuron").to(torch.float64, memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t, out: torch.linalg.vector_norm(t, ord=6, out=out),
+        lambda t, out: torch.norm(t, p="fro", out=out),
+        lambda t, out: torch.norm(t, p=float("inf"), out=out),
+    ],
+    ids=["vector_norm_ord6", "fro", "inf"],
+)
+def test_norm_out_static_ord(strict, fn) -> None:
+    # out= runs the functional lowering, which needs `ord` as a Python value.
+    x = torch.randn(3, 4)
+    out = torch.empty(0, device="neuron")
+    result = fn(x.to("neuron"), out)
+    assert result is out
+    torch.testing.assert_close(out.cpu(), fn(x, torch.empty(0)))
