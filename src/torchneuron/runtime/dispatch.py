@@ -624,6 +624,26 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     return neuron_to_cpu(t)
 
 
+def _dense_stride(t: torch.Tensor) -> tuple[int, ...]:
+    """`t`'s strides when they describe a dense layout (e.g. column-major), else contiguous."""
+    stride = tuple(t.stride())
+    if views.dense_permutation(tuple(t.shape), stride) is None:
+        return storage.contiguous_strides(t.shape)
+    return stride
+
+
+def _cpu_to_new_neuron_strided(t: torch.Tensor) -> torch.Tensor:
+    """A new neuron tensor with the value and the (dense) layout of CPU tensor `t`: a CPU
+    kernel's column-major result (linalg) stays column-major."""
+    from .copy import cpu_to_new_neuron
+
+    stride = _dense_stride(t)
+    if t.dim() <= 1 or stride == storage.contiguous_strides(t.shape):
+        return cpu_to_new_neuron(t)
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=NEURON)
+    return out.copy_(t)
+
+
 def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     name = plan.name
     if strict_mode():
@@ -640,10 +660,18 @@ def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
         )
     FALLBACK_COUNTS[name] += 1
     originals: dict[int, torch.Tensor] = {}
+    bound = plan.bind(args, kwargs)
+    written = {id(t) for i in plan.mutated
+               for t in (bound[i] if isinstance(bound[i], list | tuple) else [bound[i]])}
 
     def convert(value):
         if isinstance(value, torch.Tensor) and value.device.type == NEURON:
             cpu = to_cpu(value)
+            if id(value) in written:
+                # A tensor the kernel writes: give it a storage of its own (resizable, unlike
+                # one borrowed from numpy) and the neuron tensor's layout, which out= kernels
+                # keep or restride (linalg kernels want column-major outputs).
+                cpu = torch.empty_strided(value.shape, _dense_stride(value), dtype=value.dtype).copy_(cpu)
             originals[id(cpu)] = value
             return cpu
         if isinstance(value, list | tuple):
@@ -665,15 +693,16 @@ def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
             target = originals[id(cpu_t)]
             if target.shape != cpu_t.shape:
                 target.resize_(cpu_t.shape)
+                stride = _dense_stride(cpu_t)
+                if target.stride() != stride:
+                    target.as_strided_(cpu_t.shape, stride)
             target.copy_(cpu_t)
 
     def back(value):
         if isinstance(value, torch.Tensor):
             if id(value) in originals:
                 return originals[id(value)]
-            from .copy import cpu_to_new_neuron
-
-            return cpu_to_new_neuron(value)
+            return _cpu_to_new_neuron_strided(value)
         if isinstance(value, list | tuple):
             return type(value)(back(v) for v in value)
         return value
