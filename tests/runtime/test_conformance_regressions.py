@@ -68,3 +68,27 @@ def test_norm_out_static_ord(strict, fn) -> None:
     result = fn(x.to("neuron"), out)
     assert result is out
     torch.testing.assert_close(out.cpu(), fn(x, torch.empty(0)))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_native_batch_norm_legit_matches_cpu(strict, training: bool) -> None:
+    # In evaluation mode CPU returns empty save_mean/save_invstd (its meta kernel says (C,)).
+    aten = torch.ops.aten
+    x, w, b = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2)
+    rm, rv = torch.randn(2), torch.rand(2)
+
+    def run(device: str, out: bool):
+        stats = rm.to(device), rv.to(device)
+        args = (x.to(device), w.to(device), b.to(device), *stats, training, -1.2, 1e-5)
+        if out:
+            outs = [torch.empty(0, device=device) for _ in range(3)]
+            result = aten._native_batch_norm_legit.out(
+                *args, out=outs[0], save_mean=outs[1], save_invstd=outs[2])
+            assert all(r is o for r, o in zip(result, outs))
+        else:
+            result = aten._native_batch_norm_legit(*args)
+        return [t.cpu() for t in (*result, *stats)]
+
+    for out in (False, True):
+        for got, expected in zip(run("neuron", out), run("cpu", out)):
+            torch.testing.assert_close(got, expected)

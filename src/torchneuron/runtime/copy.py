@@ -11,7 +11,15 @@ import torch
 
 from ..lowerings.dtypes import to_jax_dtype
 from . import storage, views
-from .dispatch import NEURON, _device_mismatch, logical_array, special
+from .dispatch import (
+    NEURON,
+    _cpu_fallback,
+    _device_mismatch,
+    logical_array,
+    plan_for,
+    run_lowered,
+    special,
+)
 from .storage import CPU_KEYS
 
 aten = torch.ops.aten
@@ -298,3 +306,36 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     )
     empty = input.new_empty((0,), dtype=out.dtype if input.dtype.is_floating_point else input.dtype)
     return out, empty, empty.clone()
+
+
+@special(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        # CPU's kernel returns empty save_mean/save_invstd in evaluation mode, while PyTorch's
+        # meta kernel (which the lowering's output layout follows) says (C,): CPU is the reference.
+        out, _, _ = aten._native_batch_norm_legit_no_training.default(
+            input, weight, bias, running_mean, running_var, momentum, eps
+        )
+        empty = input.new_empty((0,))
+        return out, empty, empty.clone()
+    plan = plan_for(aten._native_batch_norm_legit.default)
+    args = (input, weight, bias, running_mean, running_var, training, momentum, eps)
+    if plan.lowering is None:
+        return _cpu_fallback(plan, args, {})
+    return run_lowered(plan, plan.lowering, args, {})
+
+
+@special(aten._native_batch_norm_legit.out)
+def native_batch_norm_legit_out(input, weight, bias, running_mean, running_var, training, momentum,
+                                eps, *, out, save_mean, save_invstd):
+    # No functional twin the runtime can derive this from (`.default` mutates the running
+    # statistics too): run it, then resize and fill the outputs as the CPU kernel does.
+    results = native_batch_norm_legit(input, weight, bias, running_mean, running_var, training,
+                                      momentum, eps)
+    for dst, value in zip((out, save_mean, save_invstd), results):
+        if dst.device.type != NEURON:
+            raise _device_mismatch(dst.device)
+        if dst.shape != value.shape:
+            dst.resize_(value.shape)
+        dst.copy_(value)
+    return out, save_mean, save_invstd
