@@ -552,3 +552,37 @@ def test_multihead_attention_fast_path(kw):
     else:
         torch.testing.assert_close(w_d.cpu(), w_c, atol=1e-5, rtol=1e-4)
     assert_native("aten._native_multi_head_attention.default")
+
+
+# ---- cdist / pdist -------------------------------------------------------------------------
+
+P_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")]
+
+
+@pytest.mark.parametrize("p", P_VALUES)
+@pytest.mark.parametrize("mode", ["use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
+                                  "donot_use_mm_for_euclid_dist"])
+def test_cdist(p, mode):
+    x1, x2 = torch.randn(2, 1, 5, 4), torch.randn(3, 6, 4)
+    x2[0, 0] = x1[0, 0, 0]  # a zero distance: CPU's gradient is 0 there
+    _compare(lambda a, b: torch.cdist(a, b, p, mode), x1, x2, grad=(0, 1))
+    _compare(lambda a, b: torch.cdist(a, b, p, mode), x1, x2, grad=(0, 1), dtype=torch.float64)
+
+
+def test_cdist_large_uses_matmul_form():
+    # More than 25 rows: CPU uses the matmul form for p=2 (its rounding is reproduced).
+    _compare(lambda a, b: torch.cdist(a, b), torch.randn(30, 8), torch.randn(27, 8),
+             dtype=torch.float64)
+    _compare(lambda a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist"),
+             torch.randn(30, 8), torch.randn(27, 8), grad=(0, 1))
+    assert_native("aten._cdist_forward.default", "aten._cdist_backward.default")
+
+
+@pytest.mark.parametrize("p", P_VALUES)
+def test_pdist(p):
+    x = torch.randn(5, 3)
+    x[3] = x[1]  # a zero distance
+    _compare(lambda a: F.pdist(a, p), x, grad=(0,))
+    _compare(lambda a: F.pdist(a, p), x, grad=(0,), dtype=torch.float64)
+    _compare(lambda a: F.pdist(a, p), torch.randn(1, 3))
+    assert_native("aten._pdist_forward.default", "aten._pdist_backward.default")

@@ -456,3 +456,50 @@ def test_histc():
           native=["aten.histc.default"])
     check(lambda t: torch.histc(t, bins=4), torch.tensor([2.0, 2.0, 2.0]))
     check(lambda t: torch.histc(t, bins=5, min=0, max=4), torch.tensor([0.0, 1, 2, 3, 4, 5, -1]))
+
+
+# ---- equal, unique_consecutive, cummax/cummin out= ----------------------------------------
+
+
+def test_equal():
+    a = torch.tensor([1.0, 2.0, NAN])
+    cases = [
+        (a[:2], a[:2].clone()),  # equal
+        (a, a.clone()),  # NaN != NaN
+        (a[:2], a[:1]),  # shapes differ
+        (torch.ones(2, 1), torch.ones(2)),
+        (torch.ones(2), torch.ones(2, dtype=torch.int64)),  # mixed dtypes compare promoted
+        (torch.tensor([0.5]), torch.tensor([0])),
+    ]
+    for x, y in cases:
+        assert torch.equal(x.to(DEV), y.to(DEV)) is torch.equal(x, y)
+    assert_native("aten.equal.default")
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_unique_consecutive(dim, dtype):
+    x = torch.tensor([[1, 1, 0], [1, 1, 0], [2, 3, 0], [2, 3, 0], [1, 1, 1]]).to(dtype)
+    for inverse in (False, True):
+        for counts in (False, True):
+            check(lambda t, i=inverse, c=counts: torch.ops.aten.unique_consecutive.default(
+                t, i, c, dim), x, native=("aten.unique_consecutive.default",))
+
+
+def test_unique_consecutive_nan_and_scalar():
+    op = torch.ops.aten.unique_consecutive.default
+    check(lambda t: op(t, True, True), torch.tensor([NAN, NAN, 1.0, 1.0]))
+    check(lambda t: op(t, True, True), torch.tensor(3.0),
+          native=("aten.unique_consecutive.default",))
+
+
+@pytest.mark.parametrize("fn", [torch.cummax, torch.cummin])
+def test_cummax_cummin_out(fn):
+    x = _data(torch.float32)
+    x[1, 2, 3] = NAN
+    values = torch.empty(0, device=DEV)
+    indices = torch.empty(0, dtype=torch.int64, device=DEV)
+    got = fn(x.to(DEV), 1, out=(values, indices))
+    assert got[0] is values and got[1] is indices
+    _assert_same((values, indices), tuple(fn(x, 1)))
+    assert_native(f"aten._{fn.__name__}_helper.default")

@@ -421,8 +421,20 @@ def _cum_extreme(better):
     return lower
 
 
-lowers(aten.cummax.default)(_cum_extreme(lambda new, old: new >= old))
-lowers(aten.cummin.default)(_cum_extreme(lambda new, old: new <= old))
+_cummax = lowers(aten.cummax.default)(_cum_extreme(lambda new, old: new >= old))
+_cummin = lowers(aten.cummin.default)(_cum_extreme(lambda new, old: new <= old))
+
+
+# `cummax.out` writes through these helpers (no functional twin): they return the new values
+# of the two buffers they fill.
+@lowers(aten._cummax_helper.default)
+def cummax_helper(x, values, indices, dim):
+    return _cummax(x, dim)
+
+
+@lowers(aten._cummin_helper.default)
+def cummin_helper(x, values, indices, dim):
+    return _cummin(x, dim)
 
 
 # ---- sorting ---------------------------------------------------------------------------
@@ -624,3 +636,40 @@ def histc(x, bins=100, min=0, max=0):
     counts = jnp.zeros((bins,), x.dtype).at[position.reshape(-1)].add(
         jnp.ones((x.size,), x.dtype), mode="drop")
     return counts
+
+
+@lowers(aten.unique_consecutive.default, jit=False)
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    """Collapse runs of equal neighbours (NaN never equals NaN, as on CPU)."""
+    if dim is None:
+        flat = x.reshape(-1)
+        rows = flat.reshape(-1, 1)
+    else:
+        axis = _check_dim(x, dim)
+        moved = jnp.moveaxis(x, axis, 0)
+        rows = moved.reshape(moved.shape[0], -1)
+    n = rows.shape[0]
+    if n == 0:
+        starts = jnp.zeros((0,), bool)
+    else:
+        differs = jnp.any(rows[1:] != rows[:-1], axis=1)
+        starts = jnp.concatenate([jnp.ones((1,), bool), differs])
+    start_idx = jnp.nonzero(starts)[0]  # concrete (jit=False): data-dependent length
+    group = (jnp.cumsum(starts) - 1).astype(INDEX)
+    counts = jnp.diff(jnp.append(start_idx, n)).astype(INDEX)
+    if dim is None:
+        values = flat[start_idx]
+        empty = jnp.zeros((0,), INDEX)
+        inverse = group.reshape(x.shape) if return_inverse else empty
+        return values, inverse, counts if return_counts else empty
+    values = jnp.moveaxis(jnp.take(moved, start_idx, axis=0), 0, axis)
+    return values, group, counts
+
+
+@lowers(aten.equal.default, promote="DEFAULT")
+def equal(x, y):
+    """torch.equal: same shape and every element equal (NaN != NaN); mixed dtypes compare
+    after promotion, as CPU does."""
+    if tuple(x.shape) != tuple(y.shape):
+        return jnp.zeros((), bool)
+    return jnp.all(x == y)
