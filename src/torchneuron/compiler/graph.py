@@ -56,6 +56,13 @@ def _val(node_or_value: Any) -> Any:
     return node_or_value
 
 
+def _arg_val(node: torch.fx.Node, target, name: str) -> Any:
+    """The traced value (meta) of argument `name` of a call node."""
+    index = [a.name for a in target._schema.arguments].index(name)
+    arg = node.args[index] if index < len(node.args) else node.kwargs[name]
+    return _val(arg)
+
+
 class GraphInterpreter:
     """Evaluates an FX graph on JAX values using the lowering table."""
 
@@ -190,6 +197,8 @@ class GraphInterpreter:
             args, kwargs = _promote(node, lowering.promote, args, kwargs)
         if lowering.rng:
             kwargs["key"] = rng.fold_key(next(draw_iter))
+        for name in lowering.contiguity:
+            kwargs[f"{name}_contiguous"] = _arg_val(node, target, name).is_contiguous()
         try:
             result = lowering.fn(*args, **kwargs)
         except LoweringError:

@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     random,
     reduction,
     shape,
+    solvers,
     views,
 )
 from .registry import LOWERINGS, Lowering, lowers

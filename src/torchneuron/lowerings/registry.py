@@ -36,6 +36,10 @@ class Lowering:
     # A (exception class, message) pair raises that class instead (CPU raises RuntimeError
     # for some ops, e.g. gather).
     index_error: str | tuple[type[Exception], str] | None = None
+    # Tensor arguments whose contiguity the function needs: it receives `<name>_contiguous=`
+    # (a bool) for each. A few CPU kernels choose what they compute by layout (det/slogdet
+    # factor A^T for a contiguous real A, and their backward formulas rely on that choice).
+    contiguity: tuple[str, ...] = ()
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -48,11 +52,13 @@ def lowers(
     jit: bool = True,
     rng: bool = False,
     index_error: str | tuple[type[Exception], str] | None = None,
+    contiguity: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each ATen overload in `ops`."""
 
     def register(fn: Callable) -> Callable:
-        entry = Lowering(fn, promote, frozenset(static), jit, rng, index_error)
+        entry = Lowering(fn, promote, frozenset(static), jit, rng, index_error,
+                         contiguity=tuple(contiguity))
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"torchneuron: two lowerings registered for {op}")

@@ -426,6 +426,9 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
     out_names = {plan.arg_names[i] for i in plan.out_args}
     fn = lowering.fn
     has_check = lowering.index_error is not None
+    # Contiguity the lowering asks for: fixed per executable (strides are in the cache key).
+    layout_kwargs = {f"{n}_contiguous": values[plan.arg_names.index(n)].is_contiguous()
+                     for n in lowering.contiguity}
     rng_needed = lowering.rng
 
     def run(inputs, write_inputs, draw):
@@ -436,6 +439,7 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
         kw = {n: v for n, v in zip(kwargs_names, vals[plan.num_positional :]) if n not in out_names}
         if rng_needed:
             kw["key"] = rng.fold_key(draw)
+        kw.update(layout_kwargs)
         result = fn(*pos, **kw)
         check = None
         if has_check:
