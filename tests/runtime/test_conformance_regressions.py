@@ -92,3 +92,16 @@ def test_native_batch_norm_legit_matches_cpu(strict, training: bool) -> None:
     for out in (False, True):
         for got, expected in zip(run("neuron", out), run("cpu", out)):
             torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_mode_out(strict, dtype: torch.dtype) -> None:
+    # mode.values' composite kernel refuses non-CPU/CUDA devices; the runtime runs it.
+    x = torch.randint(0, 3, (5, 5, 5)).to(dtype)
+    values = torch.empty(0, dtype=dtype, device="neuron")
+    indices = torch.empty(0, dtype=torch.long, device="neuron")
+    result = torch.mode(x.to("neuron"), 1, out=(values, indices))
+    assert result[0] is values and result[1] is indices
+    expected = torch.mode(x, 1)
+    torch.testing.assert_close(values.cpu(), expected.values)
+    torch.testing.assert_close(indices.cpu(), expected.indices)

@@ -855,6 +855,7 @@ def install() -> None:
         inplace = _inplace_overload(op)
         if inplace is not None and not plan_for(inplace).is_view:
             direct.add(inplace)
+    direct |= _DIRECT_OUT
     # A CompositeImplicitAutograd op (matmul, reshape, ...) must stay composite: a backend
     # kernel would make autograd use its derivative formula (e.g. matmul_backward), which has
     # no kernel anywhere.
@@ -865,6 +866,11 @@ def install() -> None:
 
 
 _aten_library: torch.library.Library | None = None
+
+# `out=` overloads whose CompositeExplicitAutograd kernel refuses devices other than
+# CPU/CUDA/XPU ("mode only supports CPU, CUDA and XPU device type"): a direct kernel routes
+# them to the runtime, which derives them from the functional lowering.
+_DIRECT_OUT = {aten.mode.values}
 
 
 def _is_composite_implicit(op: OpOverload) -> bool:
