@@ -27,7 +27,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from .. import __version__
 from ..lowerings import LOWERINGS
 from ..lowerings.dtypes import to_jax_dtype
-from ..lowerings.registry import index_exception
+from ..lowerings.registry import LIMITS, index_exception, lowering_applies
 from ..runtime import dispatch, platform, rng, storage, views
 from . import disk_cache
 from .stats import bump
@@ -61,6 +61,19 @@ def _arg_val(node: torch.fx.Node, target, name: str) -> Any:
     index = [a.name for a in target._schema.arguments].index(name)
     arg = node.args[index] if index < len(node.args) else node.kwargs[name]
     return _val(arg)
+
+
+def _call_arguments(node: torch.fx.Node) -> dict:
+    """{schema argument name: value} of a call node (defaults filled in)."""
+    values = {}
+    for i, a in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            values[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            values[a.name] = node.kwargs[a.name]
+        else:
+            values[a.name] = a.default_value if a.has_default_value() else None
+    return values
 
 
 class GraphInterpreter:
@@ -105,6 +118,8 @@ class GraphInterpreter:
                     raise LoweringError(node, "no lowering")
                 if not LOWERINGS[target].jit:
                     raise LoweringError(node, "data-dependent output shape")
+                if target in LIMITS and not lowering_applies(target, _call_arguments(node)):
+                    raise LoweringError(node, "this mode of the op is not lowered")
             elif node.op in ("call_module", "call_method"):
                 raise LoweringError(node, f"unsupported FX node kind {node.op}")
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import lowers
+from .registry import lowered_only_when, lowers
 
 aten = torch.ops.aten
 DEFAULT = "DEFAULT"
@@ -121,3 +122,139 @@ def triu(x, diagonal=0):
 def trace(x):
     dtype = jnp.int64 if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_ else x.dtype
     return jnp.trace(x).astype(dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# Decompositions (LAPACK through JAX's CPU kernels)
+#
+# Only results that are unique are lowered. Singular and eigen vectors are unique only up
+# to sign (phase), and JAX's LAPACK picks other signs than the one PyTorch links (MKL), so
+# `_linalg_svd` / `_linalg_eigh` are lowered only when no vectors are asked for (svdvals,
+# eigvalsh, matrix_rank, matrix norms, cond); calls that want vectors run on CPU.
+# Cholesky and Householder QR are unique (LAPACK's reflector sign convention is part of the
+# algorithm) and are lowered fully.
+
+
+def _empty(dtype):
+    # PyTorch returns a (0,)-shaped tensor for an output it was told not to compute.
+    return jnp.zeros((0,), dtype)
+
+
+def _mH(x):
+    return jnp.conj(jnp.swapaxes(x, -1, -2))
+
+
+@lowers(aten._linalg_svd.default)
+def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+    # compute_uv is always False here (see lowered_only_when below); CPU ignores `driver`.
+    s = lax.linalg.svd(A, full_matrices=False, compute_uv=False)
+    return _empty(A.dtype), s, _empty(A.dtype)
+
+
+lowered_only_when(lambda a: not a["compute_uv"], aten._linalg_svd.default)
+
+
+@lowers(aten._linalg_eigh.default)
+def linalg_eigh(A, UPLO="L", compute_v=True):
+    # LAPACK reads only the UPLO triangle: JAX reads the lower one.
+    _, w = lax.linalg.eigh(A, lower=UPLO == "L", symmetrize_input=False)
+    return w, _empty(A.dtype)
+
+
+lowered_only_when(lambda a: not a["compute_v"], aten._linalg_eigh.default)
+
+
+def _cholesky_unblocked(a):
+    """LAPACK's unblocked lower Cholesky (potf2) of one matrix, stopping at the first pivot
+    that is not positive: (the factor as potf2 leaves it, info). Used only when the fast
+    factorization failed, so that `info` and the partial factor are PyTorch's."""
+    n = a.shape[-1]
+    idx = jnp.arange(n)
+
+    def step(j, carry):
+        a, info = carry
+        row = jnp.where(idx < j, a[j, :], 0)
+        ajj = jnp.real(a[j, j]) - jnp.sum(jnp.abs(row) ** 2)
+        running = info == 0
+        ok = ajj > 0  # False for NaN too, as LAPACK's disnan check
+        d = jnp.sqrt(jnp.where(ok, ajj, 1)).astype(a.dtype)
+        col = (a[:, j] - a @ jnp.conj(row)) / d
+        col = jnp.where(idx > j, col, a[:, j]).at[j].set(jnp.where(ok, d, ajj.astype(a.dtype)))
+        a = jnp.where(running, a.at[:, j].set(col), a)
+        info = jnp.where(running & ~ok, j + 1, info)
+        return a, info
+
+    return lax.fori_loop(0, n, step, (a, jnp.zeros((), jnp.int32)))
+
+
+def _cholesky_with_info(A, upper: bool):
+    """(factor, info) as PyTorch's linalg_cholesky_ex returns them."""
+    # LAPACK reads only the triangle it factors; JAX's cholesky reads the lower one.
+    M = _mH(A) if upper else A
+    batch = M.shape[:-2]
+    n = M.shape[-1]
+    if n == 0:
+        L, info = M, jnp.zeros(batch, jnp.int32)
+    else:
+        L = lax.linalg.cholesky(M, symmetrize_input=False)
+        flat = M.reshape((-1, n, n))
+
+        def slow(_):
+            partial, info = jax.vmap(_cholesky_unblocked)(flat)
+            return jnp.tril(partial).reshape(M.shape), info.reshape(batch)
+
+        def fast(_):
+            return L, jnp.zeros(batch, jnp.int32)
+
+        L, info = lax.cond(jnp.all(jnp.isfinite(L)), fast, slow, None)
+    return (_mH(L) if upper else L), info
+
+
+_NOT_PD = "linalg.cholesky: The factorization could not be completed because the input is not positive-definite."
+
+
+@lowers(aten.linalg_cholesky_ex.default, index_error=(torch.linalg.LinAlgError, _NOT_PD))
+def linalg_cholesky_ex(A, *, upper=False, check_errors=False):
+    L, info = _cholesky_with_info(A, upper)
+    return (L, info), (jnp.any(info != 0) if check_errors else jnp.zeros((), bool))
+
+
+@lowers(aten.cholesky.default,
+        index_error=(torch.linalg.LinAlgError, _NOT_PD.replace("linalg.cholesky", "cholesky")))
+def cholesky(A, upper=False):
+    L, info = _cholesky_with_info(A, upper)
+    return L, jnp.any(info != 0)
+
+
+@lowers(aten.linalg_qr.default, static=("mode",))
+def linalg_qr(A, mode="reduced"):
+    q, r = lax.linalg.qr(A, full_matrices=mode == "complete")
+    if mode == "r":
+        return _empty(A.dtype), r
+    return q, r
+
+
+@lowers(aten.linalg_householder_product.default)
+def linalg_householder_product(A, tau):
+    return lax.linalg.householder_product(A, tau)
+
+
+@lowers(aten.ormqr.default)
+def ormqr(A, tau, other, left=True, transpose=False):
+    # Q = H_1 ... H_k of order m (other's rows for left, its columns for right): the
+    # reflectors padded with identity factors (tau = 0) to a square householder_product.
+    m = other.shape[-2] if left else other.shape[-1]
+    k = tau.shape[-1]
+    pad_cols = [(0, 0)] * (A.ndim - 1) + [(0, m - min(A.shape[-1], m))]
+    square = jnp.pad(A[..., :m], pad_cols)
+    taus = jnp.pad(tau, [(0, 0)] * (tau.ndim - 1) + [(0, m - k)])
+    q = lax.linalg.householder_product(square, taus)
+    if transpose:
+        q = _mH(q)
+    return _matmul(q, other) if left else _matmul(other, q)
+
+
+@lowers(aten._linalg_eigvals.default)
+def linalg_eigvals(A):
+    w = lax.linalg.eig(A, compute_left_eigenvectors=False, compute_right_eigenvectors=False)[0]
+    return w

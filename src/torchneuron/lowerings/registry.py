@@ -78,3 +78,22 @@ def index_exception(index_error: str | tuple[type[Exception], str]) -> Exception
         cls, message = index_error
         return cls(message)
     return IndexError(index_error)
+
+
+# op -> predicate on the call's arguments ({schema name: value}; tensors as they are passed):
+# False sends that call down the op's other paths (decomposition, CPU) instead of the
+# lowering. For ops whose lowering is exact only for some modes: an SVD's singular vectors
+# are unique only up to sign, and JAX's LAPACK picks other signs than PyTorch's, so
+# `_linalg_svd` is lowered only when no vectors are asked for.
+LIMITS: dict[OpOverload, Callable[[dict], bool]] = {}
+
+
+def lowered_only_when(predicate: Callable[[dict], bool], *ops: OpOverload) -> None:
+    """Use the lowering of each op in `ops` only for calls where `predicate(arguments)`."""
+    for op in ops:
+        LIMITS[op] = predicate
+
+
+def lowering_applies(op: OpOverload, arguments: dict) -> bool:
+    predicate = LIMITS.get(op)
+    return predicate is None or bool(predicate(arguments))

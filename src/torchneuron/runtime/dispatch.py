@@ -27,7 +27,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
-from ..lowerings.registry import index_exception
+from ..lowerings.registry import LIMITS, index_exception, lowering_applies
 from . import rng, storage, views
 from .storage import CPU_KEYS
 
@@ -148,6 +148,9 @@ class OpPlan:
             if functional is not None and functional in LOWERINGS:
                 self.functional = functional
         self.decomposition: Callable | None = torch._decomp.decomposition_table.get(op)
+        # The lowering (own or functional twin's) is used only for some calls (registry.LIMITS).
+        self.limited = (self.lowering is not None and op in LIMITS) or (
+            self.functional is not None and self.functional in LIMITS)
         self.cache: dict[tuple, Callable] = {}
         # In-place/out= variants run the functional lowering: its static arguments (e.g.
         # vector_norm's `ord`) must reach it as Python values here too.
@@ -807,6 +810,11 @@ def _neuron_op(op: OpOverload, *args, **kwargs) -> Any:
         # table's view lowerings are for compiled graphs, where views are values.)
         _check_devices(args)
         return op.redispatch(CPU_KEYS, *args, **kwargs)
+    if plan.limited and not lowering_applies(
+        plan.functional or op, dict(zip(plan.arg_names, plan.bind(args, kwargs)))
+    ):
+        # The lowering covers only some modes of this op (registry.LIMITS): not this call's.
+        return _cpu_fallback(plan, args, kwargs)
     if plan.lowering is not None:
         return run_lowered(plan, plan.lowering, args, kwargs)
     if plan.functional is not None:
