@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     random,
     reduction,
     shape,
+    special,
     solvers,
     views,
 )
