@@ -105,3 +105,27 @@ def test_mode_out(strict, dtype: torch.dtype) -> None:
     expected = torch.mode(x, 1)
     torch.testing.assert_close(values.cpu(), expected.values)
     torch.testing.assert_close(indices.cpu(), expected.indices)
+
+
+def test_gather_empty_index(strict) -> None:
+    x, index = torch.randn(5), torch.empty(2, 0, dtype=torch.long)
+    result = torch.gather(x.to("neuron"), 0, index.to("neuron"))
+    assert result.shape == torch.gather(x, 0, index).shape == (2, 0)
+
+
+def test_masked_scatter_broadcasts_self_and_mask(strict) -> None:
+    x, mask, source = torch.randn(5), torch.rand(5, 5) > 0.5, torch.randn(5, 5)
+    xc, sc = x.clone().requires_grad_(), source.clone().requires_grad_()
+    xn, sn = x.to("neuron").requires_grad_(), source.to("neuron").requires_grad_()
+    expected = torch.masked_scatter(xc, mask, sc)
+    result = torch.masked_scatter(xn, mask.to("neuron"), sn)
+    torch.testing.assert_close(result.cpu(), expected)
+    expected.sum().backward()
+    result.sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad)
+    torch.testing.assert_close(sn.grad.cpu(), sc.grad)
+    # In place, self cannot grow: CPU raises RuntimeError (not JAX's ValueError).
+    with pytest.raises(RuntimeError):
+        x.to("neuron").masked_scatter_(mask.to("neuron"), source.to("neuron"))
+    with pytest.raises(RuntimeError, match="boolean masks"):
+        torch.masked_scatter(x.to("neuron"), mask.to(torch.uint8).to("neuron"), source.to("neuron"))

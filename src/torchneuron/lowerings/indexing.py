@@ -233,6 +233,8 @@ _SCATTER_ERROR = (RuntimeError, "scatter(): index out of bounds for the dimensio
 @lowers(aten.gather.default, index_error=_GATHER_ERROR)
 def gather(x, dim, index, *, sparse_grad=False):
     shape = index.shape
+    if index.size == 0:  # CPU checks no ranks for an empty index: (5,) gathered by (2, 0) is (2, 0)
+        return jnp.zeros(shape, x.dtype), jnp.zeros((), bool)
     x, index = _at_least_1d(x), _at_least_1d(index)
     axis = dim % x.ndim
     bad = _any_out_of_range(index, x.shape[axis], False)
@@ -421,7 +423,13 @@ def masked_select(x, mask):
 @lowers(aten.masked_scatter.default,
         index_error=(RuntimeError, "Number of elements of source < number of ones in mask"))
 def masked_scatter(x, mask, source):
-    mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    if mask.dtype != jnp.bool_:
+        raise RuntimeError(
+            f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
+    # The functional op broadcasts self and mask against each other (self (5,), mask (5, 5)).
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x = jnp.broadcast_to(x, shape)
+    mask = jnp.broadcast_to(mask, shape).reshape(-1)
     count = jnp.sum(mask, dtype=INDEX)
     src = source.reshape(-1).astype(x.dtype)
     if src.size == 0:

@@ -480,7 +480,7 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
             if value.dtype != jdtype:
                 value = value.astype(jdtype)
             if tuple(value.shape) != spec.shape:
-                value = jnp.broadcast_to(value, spec.shape)
+                value = _broadcast_into(value, spec.shape)
             new_buffers.append(views.scatter(buf, offset, value, spec))
         return outputs, new_buffers, check
 
@@ -490,6 +490,17 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
     ex = _Executable(compiled, None if dynamic else fresh_meta, targets, has_check, lowering.index_error)
     ex.writes = list(zip(targets, write_meta))
     return ex
+
+
+def _broadcast_into(value, shape: tuple):
+    """An in-place result written into its (smaller) target: PyTorch's error when it does not
+    fit (`x.add_(y)` with y of a larger shape), not JAX's ValueError."""
+    try:
+        return jnp.broadcast_to(value, shape)
+    except ValueError:
+        raise RuntimeError(
+            f"output with shape {list(shape)} doesn't match the broadcast shape {list(value.shape)}"
+        ) from None
 
 
 def _conform(value, shape: tuple, op_name: str):
