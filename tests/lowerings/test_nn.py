@@ -586,3 +586,44 @@ def test_pdist(p):
     _compare(lambda a: F.pdist(a, p), x, grad=(0,), dtype=torch.float64)
     _compare(lambda a: F.pdist(a, p), torch.randn(1, 3))
     assert_native("aten._pdist_forward.default", "aten._pdist_backward.default")
+
+
+# ---- embedding max_norm (embedding_renorm_) -------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf"), 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_embedding_max_norm(norm_type, dtype):
+    weight = (torch.randn(6, 4) * 3).to(dtype)
+    idx = torch.tensor([[0, 2, 2], [5, 4, 1]])
+    w_dev = weight.to(DEV)
+    with torch.no_grad():
+        want = F.embedding(idx, weight, max_norm=1.5, norm_type=norm_type)
+        got = F.embedding(idx.to(DEV), w_dev, max_norm=1.5, norm_type=norm_type)
+    torch.testing.assert_close(got.cpu(), want, **_tol(dtype))
+    torch.testing.assert_close(w_dev.cpu(), weight, **_tol(dtype))  # renormalised in place
+    assert_native("aten.embedding_renorm_.default")
+
+
+def test_embedding_renorm_negative_and_bad_index():
+    weight = torch.randn(5, 3) * 3
+    w_dev = weight.to(DEV)
+    torch.embedding_renorm_(weight, torch.tensor([-1, 0]), 1.0, 2.0)
+    torch.embedding_renorm_(w_dev, torch.tensor([-1, 0], device=DEV), 1.0, 2.0)
+    torch.testing.assert_close(w_dev.cpu(), weight)
+    with pytest.raises(IndexError):
+        torch.embedding_renorm_(w_dev, torch.tensor([7], device=DEV), 1.0, 2.0)
+
+
+# ---- replicate padding (negative widths crop) -----------------------------------------------
+
+
+@pytest.mark.parametrize("shape, pad", [
+    ((5, 3, 4, 4), (-4, 5, 0, 0)),
+    ((2, 3, 5), (2, -1)),
+    ((1, 2, 3, 4, 5), (1, 2, -1, 3, 2, -2)),
+    ((2, 3, 4, 4), (1, 1, 2, 2)),
+])
+def test_replicate_pad(shape, pad):
+    _compare(lambda x: F.pad(x, pad, "replicate"), torch.randn(shape), grad=(0,))
+    assert_native()

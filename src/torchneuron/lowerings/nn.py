@@ -646,6 +646,41 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
     return out, bad
 
 
+def _row_norms(x, norm_type: float):
+    a = jnp.abs(x)
+    if norm_type == 0:
+        return jnp.sum(a != 0, axis=-1).astype(x.dtype)
+    if norm_type == 1:
+        return jnp.sum(a, axis=-1)
+    if norm_type == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=-1))
+    if math.isinf(norm_type):
+        return (jnp.max if norm_type > 0 else jnp.min)(a, axis=-1)
+    return jnp.sum(a**norm_type, axis=-1) ** (1.0 / norm_type)
+
+
+@lowers(aten.embedding_renorm.default, static=("norm_type",),
+        index_error="embedding_renorm_: index out of range")
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """Rows named by `indices` (each once) whose norm exceeds max_norm are scaled by
+    max_norm / (norm + 1e-7); CPU computes that scale in double and multiplies in the
+    weight's dtype. Negative indices wrap, as CPU's `self[i]` does."""
+    num = weight.shape[0]
+    idx = indices.reshape(-1)
+    bad = jnp.any((idx < -num) | (idx >= num))
+    chosen = jnp.zeros((num,), bool).at[_wrap_index(idx, num)].set(True, mode="drop")
+    # CPU's norm (in the weight's opmath dtype, rounded to its dtype) is read as a double;
+    # its summation order is its own, so a norm may differ by an ulp.
+    norms = _row_norms(_opmath(weight), norm_type).astype(weight.dtype).astype(jnp.float64)
+    scale = (max_norm / (norms + 1e-7)).astype(weight.dtype)
+    renorm = chosen & (norms > max_norm)
+    return jnp.where(renorm[:, None], weight * scale[:, None], weight), bad
+
+
+def _wrap_index(idx, size):
+    return jnp.where(idx < 0, idx + size, idx)
+
+
 # ---- losses ----------------------------------------------------------------------------
 
 # reduction enum: 0 none, 1 mean, 2 sum

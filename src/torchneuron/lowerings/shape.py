@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -66,7 +67,22 @@ def reflection_pad(x, padding):
 @lowers(aten.replication_pad1d.default, aten.replication_pad2d.default,
         aten.replication_pad3d.default)
 def replication_pad(x, padding):
-    return _pad_mode(x, padding, "edge")
+    # Output position o reads clamp(o - left, 0, n - 1): this also covers negative padding,
+    # which crops (jnp.pad rejects negative widths).
+    for i in range(len(padding) // 2):
+        axis = x.ndim - 1 - i
+        left, right = padding[2 * i], padding[2 * i + 1]
+        n = x.shape[axis]
+        source = jnp.clip(jnp.arange(n + left + right) - left, 0, n - 1)
+        x = jnp.take(x, source, axis=axis)
+    return x
+
+
+@lowers(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+        aten.replication_pad3d_backward.default)
+def replication_pad_backward(grad_output, x, padding):
+    _, pullback = jax.vjp(lambda t: replication_pad(t, padding), x)
+    return pullback(grad_output)[0]
 
 
 def _pad_mode(x, padding, mode):
