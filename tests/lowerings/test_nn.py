@@ -627,3 +627,43 @@ def test_embedding_renorm_negative_and_bad_index():
 def test_replicate_pad(shape, pad):
     _compare(lambda x: F.pad(x, pad, "replicate"), torch.randn(shape), grad=(0,))
     assert_native()
+
+
+# ---- random ops: multinomial, rrelu (shape, dtype, reproducibility, support) ------------------
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_multinomial(replacement):
+    p = torch.tensor([[0.1, 0.0, 0.5, 0.4], [1.0, 1.0, 1.0, 1.0]], device=DEV)
+    torch.manual_seed(3)
+    a = torch.multinomial(p, 3, replacement)
+    torch.manual_seed(3)
+    b = torch.multinomial(p, 3, replacement)
+    assert a.device.type == DEV and a.dtype == torch.int64 and a.shape == (2, 3)
+    assert torch.equal(a.cpu(), b.cpu())
+    assert not (a.cpu()[0] == 1).any()  # a zero-probability category is never drawn
+    if not replacement:
+        assert all(len(set(row.tolist())) == 3 for row in a.cpu())
+    assert_native("aten.multinomial.default")
+
+
+def test_multinomial_errors():
+    for bad in ([0.0, 0.0], [-1.0, 1.0], [float("nan"), 1.0], [float("inf"), 1.0]):
+        with pytest.raises(RuntimeError):
+            torch.multinomial(torch.tensor(bad, device=DEV), 1)
+    with pytest.raises(RuntimeError):
+        torch.multinomial(torch.ones(2, device=DEV), 3)
+
+
+def test_rrelu():
+    x = torch.randn(3, 4)
+    x_dev = x.to(DEV).requires_grad_()
+    y = F.rrelu(x_dev, training=True)
+    slopes = (y.detach().cpu() / x)
+    negative = x < 0
+    assert torch.all(slopes[~negative] == 1)
+    assert torch.all((slopes[negative] >= 1 / 8) & (slopes[negative] <= 1 / 3))
+    y.sum().backward()
+    torch.testing.assert_close(x_dev.grad.cpu(), slopes)
+    torch.testing.assert_close(F.rrelu(x.to(DEV)).cpu(), F.rrelu(x))  # eval: the mean slope
+    assert_native("aten.rrelu_with_noise.default")

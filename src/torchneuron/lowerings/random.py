@@ -140,3 +140,44 @@ def native_dropout(x, p, train, *, key):
 @lowers(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
     return grad_output * mask.astype(grad_output.dtype) * scale
+
+
+@lowers(aten.multinomial.default, rng=True,
+        index_error=(RuntimeError, "invalid multinomial distribution: the probability tensor "
+                     "contains `inf`, `nan` or an element < 0, or a row sums to <= 0"))
+def multinomial(probs, num_samples, replacement=False, *, generator=None, key):
+    """Categorical draws per row. Without replacement: the Gumbel top-k trick (the k largest
+    log p + Gumbel noise are a draw without replacement). Bad rows (negative, inf, NaN, or
+    summing to 0) raise like CPU, through the runtime's check flag."""
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    n = probs.shape[-1]
+    if not replacement and num_samples > n:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    rows = probs.reshape(-1, n).astype(jnp.float64)
+    bad = jnp.any(~jnp.isfinite(rows) | (rows < 0)) | jnp.any(jnp.sum(rows, axis=-1) <= 0)
+    logits = jnp.log(jnp.where(rows > 0, rows, 0.0))
+    if replacement:
+        draws = jax.random.categorical(key, logits, axis=-1, shape=(num_samples, rows.shape[0]))
+        out = draws.T
+    else:
+        scores = logits + jax.random.gumbel(key, rows.shape, jnp.float64)
+        out = jax.lax.top_k(scores, num_samples)[1]
+    return out.reshape(probs.shape[:-1] + (num_samples,)).astype(jnp.int64), bad
+
+
+@lowers(aten.rrelu_with_noise.default, rng=True)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *,
+                     key):
+    """Randomized leaky ReLU. Training: each negative element gets a slope drawn from
+    U(lower, upper), recorded in `noise` (1 for the others); eval: the mean slope. Returns
+    (output, new noise)."""
+    if not training:
+        slope = (lower + upper) / 2
+        return jnp.where(x >= 0, x, x * jnp.asarray(slope, x.dtype)), noise
+    sample_dtype = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    u = jax.random.uniform(key, x.shape, sample_dtype)
+    slopes = (lower + u * (upper - lower)).astype(x.dtype)
+    negative = x < 0
+    new_noise = jnp.where(negative, slopes, jnp.ones((), x.dtype)).astype(noise.dtype)
+    return jnp.where(negative, x * slopes, x), new_noise.reshape(noise.shape)
