@@ -129,3 +129,47 @@ def test_masked_scatter_broadcasts_self_and_mask(strict) -> None:
         x.to("neuron").masked_scatter_(mask.to("neuron"), source.to("neuron"))
     with pytest.raises(RuntimeError, match="boolean masks"):
         torch.masked_scatter(x.to("neuron"), mask.to(torch.uint8).to("neuron"), source.to("neuron"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_frexp(strict, dtype: torch.dtype) -> None:
+    # Subnormals included: jnp.frexp (XLA CPU) flushes them, CPU decomposes them exactly.
+    values = [0.0, -0.0, 1.0, -3.5, float("inf"), -float("inf"), float("nan"), 1e-40, 1e-310, 6e-8]
+    x = torch.cat([torch.tensor(values, dtype=torch.float64), torch.randn(20) * 1e3]).to(dtype)
+    mantissa, exponent = torch.frexp(x.to("neuron"))
+    expected = torch.frexp(x)
+    torch.testing.assert_close(mantissa.cpu(), expected.mantissa, equal_nan=True)
+    torch.testing.assert_close(exponent.cpu(), expected.exponent)
+    outs = (torch.empty(0, dtype=dtype, device="neuron"),
+            torch.empty(0, dtype=torch.int32, device="neuron"))
+    assert torch.frexp(x.to("neuron"), out=outs)[0] is outs[0]
+    torch.testing.assert_close(outs[0].cpu(), expected.mantissa, equal_nan=True)
+    torch.testing.assert_close(outs[1].cpu(), expected.exponent)
+
+
+def test_frexp_grad(strict) -> None:
+    x = torch.randn(5, 5) * 100
+    xc, xn = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
+    torch.frexp(xc).mantissa.sum().backward()
+    torch.frexp(xn).mantissa.sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (3, 4, 5), (7,), ()])
+def test_nonzero_layout(strict, shape: tuple) -> None:
+    # CPU returns nonzero's (n, ndim) result with strides (1, n); argwhere hands it on.
+    x = torch.randn(shape) > 0
+    for fn in (torch.nonzero, torch.argwhere):
+        expected, result = fn(x), fn(x.to("neuron"))
+        assert result.stride() == expected.stride()
+        torch.testing.assert_close(result.cpu(), expected)
+    out = torch.empty(0, dtype=torch.long, device="neuron")
+    assert torch.nonzero(x.to("neuron"), out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.nonzero(x))
+
+
+def test_masked_select_out(strict) -> None:
+    x, mask = torch.randn(6), torch.rand(6) > 0.5
+    out = torch.empty(0, device="neuron")
+    torch.masked_select(x.to("neuron"), mask.to("neuron"), out=out)
+    torch.testing.assert_close(out.cpu(), torch.masked_select(x, mask))

@@ -43,7 +43,7 @@ for _name, _fn in {
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
     "erfinv": lambda x: _erfinv(x), "lgamma": jax.scipy.special.gammaln,
-    "digamma": jax.scipy.special.digamma, "reciprocal": lambda x: 1 / x,
+    "reciprocal": lambda x: 1 / x,
     "i0": jax.scipy.special.i0, "sinc": jnp.sinc,
 }.items():
     _unary(getattr(aten, _name), _fn)
@@ -522,3 +522,42 @@ def hardsigmoid(x):
 @lowers(aten.hardswish.default)
 def hardswish(x):
     return x * jnp.clip(x / 6 + 0.5, 0, 1)
+
+
+# ---- frexp -----------------------------------------------------------------------------
+# (storage width, mantissa bits, exponent bias) of each float format, for frexp's bit work.
+_FLOAT_BITS = {
+    jnp.dtype(jnp.float64): (jnp.uint64, 52, 1023),
+    jnp.dtype(jnp.float32): (jnp.uint32, 23, 127),
+    jnp.dtype(jnp.float16): (jnp.uint16, 10, 15),
+    jnp.dtype(jnp.bfloat16): (jnp.uint16, 7, 127),
+}
+
+
+@lowers(aten.frexp.Tensor)
+def frexp(x):
+    """Mantissa in [0.5, 1) and int32 exponent, computed on the bits: jnp.frexp gets
+    subnormals wrong (XLA's CPU flushes them to zero), CPU gives their exact decomposition."""
+    if x.dtype not in _FLOAT_BITS:
+        raise RuntimeError("torch.frexp() only supports floating-point dtypes")
+    utype, nmant, bias = _FLOAT_BITS[x.dtype]
+    width = jnp.dtype(utype).itemsize * 8
+    bits = lax.bitcast_convert_type(x, utype)
+    one = utype(1)
+    mant_mask = utype((1 << nmant) - 1)
+    exp_mask = utype((1 << (width - 1 - nmant)) - 1)
+    sign = bits & (one << utype(width - 1))
+    field = (bits >> utype(nmant)) & exp_mask
+    mant = bits & mant_mask
+    # A subnormal's leading one at bit p of its mantissa field: value = 1.f * 2**(p - nmant + 1 - bias).
+    top = utype(width - 1) - lax.clz(mant)  # p (garbage when mant == 0, unused then)
+    sub_shift = utype(nmant) - top
+    sub_mant = (mant << sub_shift) & mant_mask
+    sub_exp = top.astype(jnp.int32) - (nmant + bias) + 2
+    subnormal = field == 0
+    mantissa_bits = jnp.where(subnormal, sub_mant, mant)
+    exponent = jnp.where(subnormal, sub_exp, field.astype(jnp.int32) - bias + 1)
+    mantissa = lax.bitcast_convert_type(sign | (utype(bias - 1) << utype(nmant)) | mantissa_bits, x.dtype)
+    # zeros, infinities and NaN: the value itself and exponent 0 (as std::frexp gives)
+    special = (field == exp_mask) | ((field == 0) & (mant == 0))
+    return jnp.where(special, x, mantissa), jnp.where(special, 0, exponent).astype(jnp.int32)

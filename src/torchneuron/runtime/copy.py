@@ -339,3 +339,19 @@ def native_batch_norm_legit_out(input, weight, bias, running_mean, running_var, 
             dst.resize_(value.shape)
         dst.copy_(value)
     return out, save_mean, save_invstd
+
+
+@special(aten.nonzero.default)
+def nonzero(t):
+    # CPU's kernel fills a (ndim, n) buffer and returns its transpose: (n, ndim) with strides
+    # (1, n). Composites (argwhere) hand that layout on, so match it.
+    plan = plan_for(aten.nonzero.default)
+    if plan.lowering is None:
+        return _cpu_fallback(plan, (t,), {})
+    result = run_lowered(plan, plan.lowering, (t,), {})
+    n, ndim = result.shape
+    value = logical_array(result)
+    return storage.new_tensor((n, ndim), result.dtype, (1, n), _column_major_jit(value))
+
+
+_column_major_jit = jax.jit(lambda value: value.T.reshape(-1))

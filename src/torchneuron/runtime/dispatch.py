@@ -829,6 +829,10 @@ def _neuron_op(op: OpOverload, *args, **kwargs) -> Any:
     if plan.lowering is not None:
         return run_lowered(plan, plan.lowering, args, kwargs)
     if plan.functional is not None:
+        if plan.out_args and not LOWERINGS[plan.functional].jit:
+            # A data-dependent result shape (nonzero, masked_select): no meta kernel sizes
+            # `out` beforehand, so compute the result, then resize and fill `out`.
+            return _run_out_variant(plan, plan.functional, args, kwargs)
         return run_lowered(plan, LOWERINGS[plan.functional], args, kwargs)
     if plan.decomposition is not None and op not in _decomposing:
         # Some decompositions come back to the op they decompose (through prims); the guard
