@@ -173,9 +173,11 @@ def test_cholesky_solve_and_inverse(upper):
     assert_native("aten._cholesky_solve_helper.default", "aten.cholesky_inverse.default")
 
 
-def test_matrix_exp():
-    a = _randn(2, 4, 4) / 2
-    _check(torch.linalg.matrix_exp, a)
-    _check(torch.linalg.matrix_exp, _randn(3, 1, 1))
-    _check_grad(torch.linalg.matrix_exp, lambda: _randn(3, 3) / 2)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_matrix_exp(dtype):
+    # large norms take scaling and squaring; float32 runs on CPU (see solvers.py)
+    for scale in (1e-3, 0.5, 30.0):
+        _check(torch.linalg.matrix_exp, _randn(2, 4, 4, dtype=dtype) * scale, tol=1e-10)
+    _check(torch.linalg.matrix_exp, _randn(3, 1, 1, dtype=dtype))
+    _check_grad(torch.linalg.matrix_exp, lambda: _randn(3, 3, dtype=dtype) / 2, tol=1e-10)
     assert_native("aten.linalg_matrix_exp.default")
