@@ -179,7 +179,7 @@ def _cholesky_unblocked(a):
         ok = ajj > 0  # False for NaN too, as LAPACK's disnan check
         d = jnp.sqrt(jnp.where(ok, ajj, 1)).astype(a.dtype)
         col = (a[:, j] - a @ jnp.conj(row)) / d
-        col = jnp.where(idx > j, col, a[:, j]).at[j].set(jnp.where(ok, d, ajj.astype(a.dtype)))
+        col = jnp.where((idx > j) & ok, col, a[:, j]).at[j].set(jnp.where(ok, d, ajj.astype(a.dtype)))
         a = jnp.where(running, a.at[:, j].set(col), a)
         info = jnp.where(running & ~ok, j + 1, info)
         return a, info
@@ -258,3 +258,10 @@ def ormqr(A, tau, other, left=True, transpose=False):
 def linalg_eigvals(A):
     w = lax.linalg.eig(A, compute_left_eigenvectors=False, compute_right_eigenvectors=False)[0]
     return w
+
+
+@lowers(aten.linalg_eigvals.out)
+def linalg_eigvals_out(A, *, out=None):
+    # linalg_eigvals itself is a composite over _linalg_eigvals (lowered above); its out=
+    # overload has a CPU kernel of its own, so it gets a lowering of its own.
+    return linalg_eigvals(A)
