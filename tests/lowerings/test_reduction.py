@@ -503,3 +503,30 @@ def test_cummax_cummin_out(fn):
     assert got[0] is values and got[1] is indices
     _assert_same((values, indices), tuple(fn(x, 1)))
     assert_native(f"aten._{fn.__name__}_helper.default")
+
+
+# ---- segment_reduce ------------------------------------------------------------------------
+
+SEG_DATA = [1.0, 2.0, 3.0, 3.0, 0.0, -1.0, 0.0, 2.0]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce(reduce, initial):
+    nan_data = torch.tensor(SEG_DATA)
+    nan_data[2] = NAN
+    cases = [  # (data, lengths, offsets, axis); with ties, zeros, empty segments, NaN
+        (torch.tensor(SEG_DATA), torch.tensor([2, 0, 3, 1, 2]), None, 0),
+        (torch.tensor(SEG_DATA), None, torch.tensor([0, 2, 2, 5, 6, 8]), 0),
+        (nan_data, torch.tensor([2, 0, 3, 1, 2]), None, 0),
+        (torch.randn(5, 4, 3), torch.tensor([[1, 3], [0, 4], [2, 2], [4, 0], [1, 3]]), None, 1),
+    ]
+    for data, lengths, offsets, axis in cases:
+        check(lambda d, lengths=lengths, offsets=offsets, axis=axis: torch.segment_reduce(
+            d, reduce, lengths=lengths, offsets=offsets, axis=axis, initial=initial)
+            if d.device.type == "cpu" else torch.segment_reduce(
+            d, reduce, lengths=None if lengths is None else lengths.to(DEV),
+            offsets=None if offsets is None else offsets.to(DEV), axis=axis, initial=initial),
+            data, grad=not bool(data.isnan().any()),  # (check compares grads without NaN)
+            native=("aten.segment_reduce.default",))
+    assert_native("aten._segment_reduce_backward.default")

@@ -673,3 +673,111 @@ def equal(x, y):
     if tuple(x.shape) != tuple(y.shape):
         return jnp.zeros((), bool)
     return jnp.all(x == y)
+
+
+# ---- segment_reduce ------------------------------------------------------------------------
+
+
+def _segment_layout(data, lengths, offsets, axis):
+    """(batch, n, inner) view of `data`, per-batch segment starts/ends (batch, S), and each
+    element's segment id (batch, n); elements outside every segment get id S (dropped)."""
+    axis = axis % data.ndim
+    outer = data.shape[:axis]
+    n = data.shape[axis]
+    rows = data.reshape((math.prod(outer), n, -1))
+    if offsets is not None:
+        bounds = offsets.reshape(rows.shape[0], -1).astype(INDEX)
+        starts, ends = bounds[:, :-1], bounds[:, 1:]
+    else:
+        lens = lengths.reshape(rows.shape[0], -1).astype(INDEX)
+        ends = jnp.cumsum(lens, axis=1)
+        starts = ends - lens
+    num = starts.shape[1]
+    pos = jnp.arange(n, dtype=INDEX)
+    seg = jax.vmap(lambda e: jnp.searchsorted(e, pos, side="right"))(ends)
+    inside = pos[None, :] >= jnp.take_along_axis(starts, jnp.minimum(seg, num - 1), axis=1)
+    seg = jnp.where(inside & (seg < num), seg, num)
+    return rows, starts, ends, seg, (outer, num, data.shape[axis + 1:])
+
+
+def _segment_scatter(rows, seg, num, reduce, fill):
+    out = jnp.full((rows.shape[0], num, rows.shape[2]), fill, rows.dtype)
+    b = jnp.arange(rows.shape[0])[:, None]
+    at = out.at[b, seg]
+    if reduce in ("sum", "mean"):
+        return at.add(rows, mode="drop")
+    if reduce == "prod":
+        return at.multiply(rows, mode="drop")
+    return (at.max if reduce == "max" else at.min)(rows, mode="drop")
+
+
+_SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}
+
+
+@lowers(aten.segment_reduce.default, static=("initial",))
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    """CPU semantics: the reduction starts from `initial` (else the identity); NaN
+    propagates through max/min; a mean divides by the length, and an empty segment's mean
+    is `initial` or NaN."""
+    if reduce not in _SEGMENT_IDENTITY:
+        raise RuntimeError(f"reduce argument must be one of sum, mean, max, min, prod: {reduce}")
+    rows, starts, ends, seg, (outer, num, inner) = _segment_layout(data, lengths, offsets, axis)
+    fill = _SEGMENT_IDENTITY[reduce] if initial is None else initial
+    out = _segment_scatter(rows, seg, num, reduce, fill)
+    if reduce in ("max", "min"):
+        # XLA's scatter max/min may drop NaN; CPU keeps it.
+        nan = _segment_scatter(jnp.isnan(rows).astype(rows.dtype), seg, num, "sum", 0.0) > 0
+        out = jnp.where(nan, jnp.asarray(jnp.nan, out.dtype), out)
+    if reduce == "mean":
+        count = (ends - starts)[:, :, None].astype(out.dtype)
+        empty_value = jnp.nan if initial is None else initial
+        out = jnp.where(count > 0, out / jnp.where(count > 0, count, 1),
+                        jnp.asarray(empty_value, out.dtype))
+    return out.reshape(outer + (num,) + inner)
+
+
+@lowers(aten._segment_reduce_backward.default, static=("initial",))
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0,
+                            initial=None):
+    """CPU's gradients: max/min give the gradient to every element equal to the result (and
+    every NaN), shared among them only where it is positive; prod uses output / x, or the product of the others where x is
+    0 or NaN."""
+    rows, starts, ends, seg, (outer, num, inner) = _segment_layout(data, lengths, offsets, axis)
+    batch = rows.shape[0]
+    g = grad.reshape(batch, num, -1)
+    o = output.reshape(batch, num, -1)
+    valid = (seg < num)[:, :, None]
+    pick = jnp.minimum(seg, num - 1)[:, :, None]
+    g_el = jnp.take_along_axis(g, pick, axis=1)
+    o_el = jnp.take_along_axis(o, pick, axis=1)
+    zero = jnp.zeros((), rows.dtype)
+    if reduce == "sum":
+        result = g_el
+    elif reduce == "mean":
+        count = jnp.take_along_axis((ends - starts)[:, :, None], pick, axis=1)
+        result = g_el / jnp.maximum(count, 1).astype(rows.dtype)
+    elif reduce in ("max", "min"):
+        hit = (rows == o_el) | jnp.isnan(rows)
+        ties = _segment_scatter(hit.astype(rows.dtype), seg, num, "sum", 0.0)
+        ties_el = jnp.take_along_axis(ties, pick, axis=1)
+        result = jnp.where(hit, g_el, zero)
+        # CPU divides among ties only the gradients that are > 0 (as its kernel does).
+        result = jnp.where((ties_el >= 2) & (result > 0), result / ties_el, result)
+    else:  # prod
+        is_zero, is_nan = rows == 0, jnp.isnan(rows)
+        plain = jnp.where(is_zero | is_nan, jnp.ones((), rows.dtype), rows)
+        init = jnp.asarray(1.0 if initial is None else initial, rows.dtype)
+        plain_prod = _segment_scatter(plain, seg, num, "prod", 1.0) * init
+        zeros = _segment_scatter(is_zero.astype(INDEX), seg, num, "sum", 0)
+        nans = _segment_scatter(is_nan.astype(INDEX), seg, num, "sum", 0)
+        p_el, z_el, n_el = (jnp.take_along_axis(t, pick, axis=1) for t in (plain_prod, zeros, nans))
+        # Product of the other elements of the segment, for the 0 / NaN elements.
+        others_zero = (z_el - is_zero) > 0
+        others_nan = (n_el - is_nan) > 0
+        exclusive = jnp.where(others_zero, p_el * 0, p_el)
+        exclusive = jnp.where(others_nan, jnp.asarray(jnp.nan, rows.dtype), exclusive)
+        ratio = o_el / jnp.where(is_zero | is_nan, jnp.ones((), rows.dtype), rows)
+        result = g_el * jnp.where(is_zero | is_nan, exclusive, ratio)
+    result = jnp.where(valid, result, zero)
+    return result.reshape(data.shape)
