@@ -181,3 +181,23 @@ def test_matrix_exp(dtype):
     _check(torch.linalg.matrix_exp, _randn(3, 1, 1, dtype=dtype))
     _check_grad(torch.linalg.matrix_exp, lambda: _randn(3, 3, dtype=dtype) / 2, tol=1e-10)
     assert_native("aten.linalg_matrix_exp.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("shape", [(5, 5), (3, 6, 6), (0, 0)])
+def test_ldl_factor_and_solve(dtype, shape):
+    a = _randn(*shape, dtype=dtype)
+    _check(torch.linalg.ldl_factor_ex, a)
+    ld, pivots, _ = torch.linalg.ldl_factor_ex(a)
+    b = _randn(*shape[:-1], 3, dtype=dtype, seed=1)
+    _check(torch.linalg.ldl_solve, ld, pivots, b)
+    assert_native("aten.linalg_ldl_factor_ex.default", "aten.linalg_ldl_solve.default")
+
+
+def test_ldl_pivots_2x2_blocks_and_singular():
+    s = torch.zeros(4, 4)
+    s[0, 1] = s[1, 0] = 1.0
+    s[2, 3] = s[3, 2] = 2.0
+    _check(torch.linalg.ldl_factor_ex, s)  # two 2x2 pivots
+    _check(torch.linalg.ldl_factor_ex, torch.zeros(3, 3))  # info = 1
+    _check(torch.linalg.ldl_factor_ex, _randn(4, 4), hermitian=True)

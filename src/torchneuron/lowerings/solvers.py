@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 from jax.lax import linalg as lax_linalg
 
 from .registry import lowered_only_when, lowers
@@ -411,3 +412,176 @@ def _double_precision(arguments: dict) -> bool:
 
 
 lowered_only_when(_double_precision, aten.linalg_matrix_exp.default)
+
+
+# ----------------------------------------------------------------------------------------
+# LDL (Bunch-Kaufman), as LAPACK's unblocked sytf2/sytrs with uplo='L'
+#
+# The pivot choices and the compact LD layout are LAPACK's, step for step. The complex
+# Hermitian variants (hetrf/hetrs) are not lowered (see lowered_only_when below).
+
+
+def _cabs1(x: jax.Array) -> jax.Array:
+    """LAPACK's magnitude for pivot search: |x| for real, |re| + |im| for complex."""
+    if jnp.iscomplexobj(x):
+        return jnp.abs(jnp.real(x)) + jnp.abs(jnp.imag(x))
+    return jnp.abs(x)
+
+
+def _first_argmax(values: jax.Array) -> jax.Array:
+    return jnp.argmax(values).astype(jnp.int32)  # argmax returns the first maximum, as i?amax
+
+
+def _sytf2_lower(a: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    n = a.shape[-1]
+    real = jnp.finfo(a.dtype).dtype
+    alpha = jnp.asarray((1.0 + np.sqrt(17.0)) / 8.0, real)
+    idx = jnp.arange(n, dtype=jnp.int32)
+    row, col = idx[:, None], idx[None, :]
+
+    def body(state):
+        k, s, ipiv, info = state
+        # Only the lower triangle is meaningful (as LAPACK reads it): mirror it first.
+        low = jnp.tril(s)
+        s = low + jnp.swapaxes(jnp.tril(s, -1), -1, -2)
+        absakk = _cabs1(s[k, k])
+        colabs = jnp.where(idx > k, _cabs1(s[:, k]), -1)
+        imax = _first_argmax(colabs)
+        colmax = jnp.where(k < n - 1, colabs[imax], 0).astype(real)
+        singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        rowvals = jnp.where((idx >= k) & (idx < imax), _cabs1(s[imax, :]), -1)
+        rowmax = rowvals[_first_argmax(rowvals)]
+        below = jnp.where(idx > imax, _cabs1(s[:, imax]), -1)
+        rowmax = jnp.where(imax < n - 1, jnp.maximum(rowmax, jnp.max(below)), rowmax).astype(real)
+        keep = absakk >= alpha * colmax
+        keep2 = absakk >= alpha * colmax * (colmax / rowmax)
+        one_at_imax = _cabs1(s[imax, imax]) >= alpha * rowmax
+        kp = jnp.where(singular | keep | keep2, k, imax)
+        kstep = jnp.where(singular | keep | keep2 | one_at_imax, 1, 2)
+        kk = k + kstep - 1
+        # Interchange rows and columns kk and kp of the trailing block (earlier columns of
+        # L are left alone; sytrs applies the swaps in sequence).
+        perm = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+        trailing = (row >= k) & (col >= k)
+        s = jnp.where(trailing, s[perm][:, perm], s)
+
+        # 1x1 pivot: rank-1 update of the trailing block, then scale the column.
+        d11 = 1 / s[k, k]
+        x = jnp.where(idx > k, s[:, k], 0)
+        upd1 = s + x[:, None] * (-d11 * x)[None, :]
+        upd1 = jnp.where((row > k) & (col > k), upd1, s)
+        upd1 = upd1.at[:, k].set(jnp.where(idx > k, s[:, k] * d11, s[:, k]))
+        # 2x2 pivot: rank-2 update with the block's inverse.
+        k1 = jnp.minimum(k + 1, n - 1)
+        d21 = s[k1, k]
+        e11 = s[k1, k1] / d21
+        e22 = s[k, k] / d21
+        t = 1 / (e11 * e22 - 1)
+        d21 = t / d21
+        far = idx > k1
+        wk = jnp.where(far, d21 * (e11 * s[:, k] - s[:, k1]), 0)
+        wkp1 = jnp.where(far, d21 * (e22 * s[:, k1] - s[:, k]), 0)
+        upd2 = s - (s[:, k][:, None] * wk[None, :] + s[:, k1][:, None] * wkp1[None, :])
+        upd2 = jnp.where(far[:, None] & far[None, :], upd2, s)
+        upd2 = upd2.at[:, k].set(jnp.where(far, wk, s[:, k]))
+        upd2 = upd2.at[:, k1].set(jnp.where(far, wkp1, s[:, k1]))
+
+        s = jnp.where(singular, s, jnp.where(kstep == 1, upd1, upd2))
+        pivot = jnp.where(kstep == 1, kp + 1, -(kp + 1)).astype(jnp.int32)
+        ipiv = ipiv.at[k].set(pivot)
+        ipiv = jnp.where((kstep == 2) & (idx == k + 1), pivot, ipiv)
+        info = jnp.where(singular & (info == 0), k + 1, info)
+        return k + kstep, s, ipiv, info
+
+    init = (jnp.zeros((), jnp.int32), a, jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32))
+    _, s, ipiv, info = lax.while_loop(lambda st: st[0] < n, body, init)
+    return jnp.tril(s), ipiv, info
+
+
+def _batched(fn, *arrays: jax.Array, cores: tuple[int, ...]):
+    """Apply a single-matrix function over the (broadcast) batch dimensions."""
+    arrays = _broadcast_batch(*arrays, cores=cores)
+    batch = arrays[0].shape[: arrays[0].ndim - cores[0]]
+    flat = [x.reshape((-1,) + x.shape[x.ndim - c :]) for x, c in zip(arrays, cores)]
+    out = jax.vmap(fn)(*flat)
+    return jax.tree_util.tree_map(lambda o: o.reshape(batch + o.shape[1:]), out)
+
+
+@lowers(aten.linalg_ldl_factor_ex.default)
+def linalg_ldl_factor_ex(a, *, hermitian=False, check_errors=False):
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    if a.size == 0:
+        return a, jnp.zeros(batch + (n,), jnp.int32), jnp.zeros(batch, jnp.int32)
+    return _batched(_sytf2_lower, a, cores=(2,))
+
+
+def _sytrs_lower(ld: jax.Array, ipiv: jax.Array, b: jax.Array) -> jax.Array:
+    n = ld.shape[-1]
+    idx = jnp.arange(n, dtype=jnp.int32)
+
+    def swap(b, i, j):
+        perm = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
+        return b[perm]
+
+    # L D Y = P^T B, forwards
+    def forward(state):
+        k, b = state
+        p = ipiv[k]
+        one = p > 0
+        # 1x1 block
+        b1 = swap(b, k, p - 1)
+        b1 = b1 - jnp.where((idx > k)[:, None], ld[:, k][:, None] * b1[k][None, :], 0)
+        b1 = b1.at[k].set(b1[k] / ld[k, k])
+        # 2x2 block
+        k1 = jnp.minimum(k + 1, n - 1)
+        b2 = swap(b, k1, -p - 1)
+        far = (idx > k1)[:, None]
+        b2 = b2 - jnp.where(far, ld[:, k][:, None] * b2[k][None, :], 0)
+        b2 = b2 - jnp.where(far, ld[:, k1][:, None] * b2[k1][None, :], 0)
+        akm1k = ld[k1, k]
+        akm1 = ld[k, k] / akm1k
+        ak = ld[k1, k1] / akm1k
+        denom = akm1 * ak - 1
+        bkm1 = b2[k] / akm1k
+        bk = b2[k1] / akm1k
+        b2 = b2.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+        return k + jnp.where(one, 1, 2), jnp.where(one, b1, b2)
+
+    _, b = lax.while_loop(lambda st: st[0] < n, forward, (jnp.zeros((), jnp.int32), b))
+
+    # L^T P^T X = Y, backwards
+    def backward(state):
+        k, b = state
+        p = ipiv[k]
+        one = p > 0
+        below = jnp.where((idx > k)[:, None], b, 0)
+        b1 = b.at[k].add(-(ld[:, k] @ below))
+        b1 = swap(b1, k, p - 1)
+        km1 = jnp.maximum(k - 1, 0)
+        b2 = b.at[k].add(-(ld[:, k] @ below)).at[km1].add(-(ld[:, km1] @ below))
+        b2 = swap(b2, k, -p - 1)
+        return k - jnp.where(one, 1, 2), jnp.where(one, b1, b2)
+
+    _, b = lax.while_loop(lambda st: st[0] >= 0, backward, (jnp.asarray(n - 1, jnp.int32), b))
+    return b
+
+
+@lowers(aten.linalg_ldl_solve.default)
+def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
+    if ld.size == 0 or b.size == 0:
+        ld, pivots, b = _broadcast_batch(ld, pivots, b, cores=(2, 1, 2))
+        return jnp.zeros(b.shape, jnp.result_type(ld, b))
+    return _batched(_sytrs_lower, ld, pivots, b, cores=(2, 1, 2))
+
+
+def _not_complex_hermitian(arguments: dict) -> bool:
+    if not arguments.get("hermitian"):
+        return True
+    first = arguments.get("self", arguments.get("LD"))
+    value = first.meta.get("val") if isinstance(first, torch.fx.Node) else first
+    return not getattr(value, "is_complex", lambda: True)()
+
+
+lowered_only_when(_not_complex_hermitian, aten.linalg_ldl_factor_ex.default,
+                  aten.linalg_ldl_solve.default)
