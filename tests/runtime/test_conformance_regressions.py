@@ -173,3 +173,80 @@ def test_masked_select_out(strict) -> None:
     out = torch.empty(0, device="neuron")
     torch.masked_select(x.to("neuron"), mask.to("neuron"), out=out)
     torch.testing.assert_close(out.cpu(), torch.masked_select(x, mask))
+
+
+def _raises_like_cpu(fn) -> None:
+    """fn(device) raises on neuron exactly when, and with the type that, it raises on CPU."""
+    errors = []
+    for device in ("cpu", "neuron"):
+        try:
+            fn(device)
+            errors.append(None)
+        except Exception as err:  # noqa: BLE001 - the type is what is compared
+            errors.append(type(err))
+    assert errors[1] is errors[0], f"CPU raised {errors[0]}, neuron {errors[1]}"
+
+
+_F = torch.nn.functional
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: _F.conv1d(torch.randn(1, 1, 4, device=d), torch.randn(1, 1, 2, device=d),
+                            dilation=(-1,)),
+        lambda d: _F.embedding(torch.ones(2, 2, dtype=torch.long, device=d),
+                               torch.tensor(1.0, device=d)),
+        lambda d: torch.narrow_copy(torch.randn(10, 5, 20, device=d), 3, 0, 0),
+        lambda d: torch.amax(torch.randn(5, 0, 5, device=d), dim=1),
+        lambda d: torch.bucketize(torch.randn(5, 5, 5, device=d), torch.randn(5, 5, device=d)),
+    ],
+    ids=["conv_dilation", "embedding_0d_weight", "narrow_copy_dim", "amax_empty_dim",
+         "bucketize_2d_boundaries"],
+)
+def test_error_types_match_cpu(fn) -> None:
+    _raises_like_cpu(fn)
+
+
+def test_narrow_copy(strict) -> None:
+    x = torch.randn(4, 5)
+    xc, xn = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
+    expected, result = torch.narrow_copy(xc, 1, 1, 2), torch.narrow_copy(xn, 1, 1, 2)
+    torch.testing.assert_close(result.cpu(), expected)
+    expected.sum().backward()
+    result.sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad)
+
+
+_idx = [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        # out= with internal overlap
+        lambda d: torch.gather(torch.arange(6.0, device=d), 0, torch.tensor(_idx, device=d),
+                               out=torch.empty(1, device=d).expand(3)),
+        lambda d: torch.arange(6.0, device=d)[:1].expand(3).add_(1),
+        # out= the input itself: refused by gather and masked_select, fine for add
+        lambda d: (lambda a: torch.gather(a, 0, torch.tensor(_idx, device=d), out=a))(
+            torch.arange(6.0, device=d)),
+        lambda d: (lambda a: torch.masked_select(a, a > 2, out=a))(torch.arange(6.0, device=d)),
+        lambda d: (lambda a: torch.add(a, a, out=a))(torch.arange(6.0, device=d)),
+        # partial overlap of out= and an input
+        lambda d: (lambda a: torch.add(a[:3], 1, out=a[1:4]))(torch.arange(6.0, device=d)),
+        lambda d: (lambda a: a[:4].view(2, 2).add_(a[:4].view(2, 2).t()))(
+            torch.arange(6.0, device=d)),
+        # in place, self read and written: fine
+        lambda d: (lambda a: a.add_(a))(torch.arange(6.0, device=d)),
+    ],
+)
+def test_overlapping_writes_raise_like_cpu(fn) -> None:
+    _raises_like_cpu(fn)
+
+
+def test_add_out_self_matches_cpu() -> None:
+    a, b = torch.arange(6.0), torch.arange(6.0, device="neuron")
+    torch.add(a, a, out=a)
+    torch.add(b, b, out=b)
+    torch.testing.assert_close(b.cpu(), a)

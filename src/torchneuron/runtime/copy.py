@@ -15,6 +15,7 @@ from .dispatch import (
     NEURON,
     _cpu_fallback,
     _device_mismatch,
+    _raise_as_on_cpu,
     logical_array,
     plan_for,
     run_lowered,
@@ -355,3 +356,13 @@ def nonzero(t):
 
 
 _column_major_jit = jax.jit(lambda value: value.T.reshape(-1))
+
+
+@special(aten.narrow_copy.default)
+def narrow_copy(t, dim, start, length):
+    # Without a kernel of ours the composite one runs, whose `narrow` raises IndexError for a
+    # bad dim where CPU's own kernel raises RuntimeError.
+    try:
+        return t.narrow(dim, start, length).clone()
+    except Exception as err:
+        _raise_as_on_cpu(aten.narrow_copy.default, (t, dim, start, length), {}, err)

@@ -571,6 +571,8 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
                     if values[i].stride() != stride and views.dense_permutation(shape, stride):
                         values[i].as_strided_(shape, stride)
             return run_lowered(plan, lowering, args, kwargs)
+        except Exception as err:
+            _raise_as_on_cpu(plan.op, args, kwargs, err)
         plan.cache[key] = ex
     write_inputs = []
     for (i, j), (dtype, spec) in ex.writes:
@@ -578,7 +580,11 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
         buf = None if spec.mode == views.FULL else storage.storage_buffer(t.untyped_storage(), dtype)
         write_inputs.append((buf, 0 if spec.mode == views.FULL else t.storage_offset()))
     draw = rng.split_draw(rng.next_draw(_generator_arg(plan, values))) if lowering.rng else None
-    outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
+    try:
+        outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
+    except Exception as err:  # raised while tracing the lowering (or by a jit=False one)
+        plan.cache.pop(key, None)
+        _raise_as_on_cpu(plan.op, args, kwargs, err)
     if check is not None and bool(check):
         raise index_exception(ex.index_error)
     for ((i, j), (dtype, _spec)), buf in zip(ex.writes, new_buffers):
@@ -590,6 +596,40 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
     if fresh_meta is None:
         fresh_meta, outputs = _outputs_meta(outputs)
     return _assemble_returns(plan, fresh_meta, values, outputs)
+
+
+# Inputs up to this size are copied to CPU to learn which exception CPU raises for a call.
+_ERROR_PROBE_BYTES = 1 << 26
+
+
+def _raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
+    """Raise the exception CPU raises for this call, `err` itself if CPU agrees on its type or
+    does not raise. PyTorch's meta kernels and JAX's shape checks raise other types than CPU's
+    kernels for the same bad call (AssertionError, IndexError, TypeError for CPU's
+    RuntimeError, ...); on this error path the call is re-run on CPU copies of its inputs."""
+    tensors = [a for a in _flatten_results(list(args) + list(kwargs.values()))
+               if isinstance(a, torch.Tensor) and a.device.type == NEURON]
+    if sum(t.numel() * t.element_size() for t in tensors) > _ERROR_PROBE_BYTES:
+        raise err
+
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.device.type == NEURON:
+            return to_cpu(value)
+        if isinstance(value, list | tuple):
+            return type(value)(convert(v) for v in value)
+        if isinstance(value, torch.device) and value.type == NEURON:
+            return torch.device("cpu")
+        return value
+
+    try:
+        cpu_args, cpu_kwargs = convert(args), {k: convert(v) for k, v in kwargs.items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*cpu_args, **cpu_kwargs)
+    except Exception as cpu_err:
+        if type(cpu_err) is not type(err):
+            raise cpu_err from err
+    raise err
 
 
 def _generator_arg(plan: OpPlan, values: list):
@@ -821,6 +861,8 @@ def _neuron_op(op: OpOverload, *args, **kwargs) -> Any:
         # table's view lowerings are for compiled graphs, where views are values.)
         _check_devices(args)
         return op.redispatch(CPU_KEYS, *args, **kwargs)
+    if plan.mutated:
+        _check_write_overlap(plan, args, kwargs)
     if plan.limited and not lowering_applies(
         plan.functional or op, dict(zip(plan.arg_names, plan.bind(args, kwargs)))
     ):
@@ -850,6 +892,96 @@ def _neuron_op(op: OpOverload, *args, **kwargs) -> Any:
         ):
             return _run_out_variant(plan, functional, args, kwargs)
     return _cpu_fallback(plan, args, kwargs)
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte address a tensor's elements can occupy."""
+    numel = t.numel()
+    if numel == 0:
+        return (0, 0)
+    lo = t.data_ptr()
+    if t.is_contiguous():  # the common case, without the Python loop
+        return lo, lo + numel * t.element_size()
+    return lo, lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
+    """CPU refuses to write a tensor whose elements share memory (`x.expand(3, 3).add_(1)`)
+    or that overlaps one of the op's inputs (`torch.gather(x, 0, i, out=x[:3])`): the JAX
+    path would compute something instead. When a written tensor (not a list) has such an
+    overlap, the call runs on CPU copies with the same aliasing, and CPU's error is raised.
+    Whether CPU objects depends on the op (`out=` the input itself is fine for elementwise
+    ops, not for gather), which is why CPU decides."""
+    values = plan.bind(args, kwargs)
+    suspicious = identical_only = False
+    for i in plan.mutated:
+        w = values[i]
+        if not isinstance(w, torch.Tensor):
+            continue
+        if not w.is_contiguous() and any(s == 0 and n > 1 for n, s in zip(w.shape, w.stride())):
+            suspicious, identical_only = True, False
+            break
+        lo, hi = _byte_range(w)
+        if lo == hi:
+            continue
+        for j, (kind, v) in enumerate(zip(plan.kinds, values)):
+            if kind != TENSOR or j == i or not isinstance(v, torch.Tensor):
+                continue
+            if v is w and j not in plan.out_args and i not in plan.out_args:
+                continue  # in-place: self is read and written
+            vlo, vhi = _byte_range(v)
+            if vlo < hi and lo < vhi and v.device.type == NEURON:
+                same = (vlo == lo and v.shape == w.shape and v.stride() == w.stride())
+                identical_only = same if not suspicious else identical_only and same
+                suspicious = True
+    if not suspicious or (identical_only and plan.op in _IDENTICAL_OUT_OK):
+        return
+    _probe_overlap_on_cpu(plan.op, args, kwargs)
+    if identical_only:  # CPU accepts `out=` an input itself for this op: no need to ask again
+        _IDENTICAL_OUT_OK.add(plan.op)
+
+
+# Ops whose CPU kernel accepts `out=` one of the inputs itself (add, mul, ...; not gather).
+_IDENTICAL_OUT_OK: set[OpOverload] = set()
+
+
+def _probe_overlap_on_cpu(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """Run `op` on CPU tensors that alias each other as the neuron ones do; raise CPU's error."""
+    from .copy import neuron_to_cpu
+
+    mirrors: dict[int, Any] = {}
+    budget = [_ERROR_PROBE_BYTES]
+
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.device.type == NEURON:
+            st = value.untyped_storage()
+            key = st.data_ptr()
+            cpu_st = mirrors.get(key)
+            if cpu_st is None:
+                budget[0] -= st.nbytes()
+                if budget[0] < 0:
+                    raise _ProbeTooBig
+                flat = torch.empty(0, dtype=value.dtype, device=NEURON).set_(st)
+                cpu_st = mirrors[key] = neuron_to_cpu(flat).untyped_storage()
+            return torch.empty(0, dtype=value.dtype).set_(
+                cpu_st, value.storage_offset(), value.shape, value.stride())
+        if isinstance(value, list | tuple):
+            return type(value)(convert(v) for v in value)
+        if isinstance(value, torch.device) and value.type == NEURON:
+            return torch.device("cpu")
+        return value
+
+    try:
+        cpu_args, cpu_kwargs = convert(args), {k: convert(v) for k, v in kwargs.items()}
+    except _ProbeTooBig:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op(*cpu_args, **cpu_kwargs)  # CPU's error, if it has one, propagates
+
+
+class _ProbeTooBig(Exception):
+    pass
 
 
 def _check_devices(args) -> None:
