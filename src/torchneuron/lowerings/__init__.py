@@ -3,6 +3,7 @@
 from . import (  # noqa: F401  (importing a family registers its lowerings)
     elementwise,
     factory,
+    fft,
     indexing,
     linalg,
     nn,
@@ -10,8 +11,8 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     random,
     reduction,
     shape,
-    special,
     solvers,
+    special,
     views,
 )
 from .registry import LOWERINGS, Lowering, lowers

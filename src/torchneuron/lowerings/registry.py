@@ -36,6 +36,9 @@ class Lowering:
     # A (exception class, message) pair raises that class instead (CPU raises RuntimeError
     # for some ops, e.g. gather).
     index_error: str | tuple[type[Exception], str] | None = None
+    # A replacement for PyTorch's meta kernel, called with meta tensors, where that kernel
+    # reports another layout than CPU's (the fft kernels assume CUDA for meta tensors).
+    meta: Callable | None = None
     # Tensor arguments whose contiguity the function needs: it receives `<name>_contiguous=`
     # (a bool) for each. A few CPU kernels choose what they compute by layout (det/slogdet
     # factor A^T for a contiguous real A, and their backward formulas rely on that choice).
@@ -53,11 +56,12 @@ def lowers(
     rng: bool = False,
     index_error: str | tuple[type[Exception], str] | None = None,
     contiguity: tuple[str, ...] = (),
+    meta: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each ATen overload in `ops`."""
 
     def register(fn: Callable) -> Callable:
-        entry = Lowering(fn, promote, frozenset(static), jit, rng, index_error,
+        entry = Lowering(fn, promote, frozenset(static), jit, rng, index_error, meta,
                          contiguity=tuple(contiguity))
         for op in ops:
             if op in LOWERINGS:

@@ -298,12 +298,13 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
-def meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
-    """Run `op` on meta tensors: PyTorch's checks and output metadata, or None if no meta kernel."""
+def meta_outputs(op: OpOverload, args: tuple, kwargs: dict, kernel: Callable | None = None) -> Any:
+    """Run `op` (or `kernel`, a lowering's own meta kernel) on meta tensors: PyTorch's checks
+    and output metadata, or None if no meta kernel."""
     meta_args = _to_meta(args)
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
     try:
-        return op(*meta_args, **meta_kwargs)
+        return (kernel or op)(*meta_args, **meta_kwargs)
     except NotImplementedError:
         return None
     except RuntimeError as err:
@@ -389,7 +390,8 @@ def _write_targets(plan: OpPlan, values: list) -> list[tuple[int, int | None]]:
 
 def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args, kwargs) -> _Executable:
     op = plan.op
-    meta = meta_outputs(op, args, kwargs)
+    direct = plan.lowering is not None  # lowering registered on this very overload
+    meta = meta_outputs(op, args, kwargs, lowering.meta if direct else None)
     if plan.out_args and meta is not None:
         _check_out_layouts(plan, values, meta)
     static_values = [v if k == STATIC else None for k, v in zip(plan.kinds, values)]
@@ -397,7 +399,6 @@ def _build_executable(plan: OpPlan, lowering: Lowering, key: tuple, values: list
     if lowering.promote is not None:
         compute_dtype = _promotion_dtype(lowering.promote, plan, values)
     targets = _write_targets(plan, values)
-    direct = plan.lowering is not None  # lowering registered on this very overload
     inplace_via_functional = not direct
 
     # Which results are fresh outputs, with their PyTorch metadata.
