@@ -250,3 +250,9 @@ def test_add_out_self_matches_cpu() -> None:
     torch.add(a, a, out=a)
     torch.add(b, b, out=b)
     torch.testing.assert_close(b.cpu(), a)
+
+
+def test_sparse_results_raise_clearly(monkeypatch) -> None:
+    monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
+    with pytest.raises(NotImplementedError, match="only strided tensors"):
+        torch.randn(5, 5, device="neuron").to_sparse()

@@ -761,6 +761,12 @@ def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
         if isinstance(value, torch.Tensor):
             if id(value) in originals:
                 return originals[id(value)]
+            if value.layout != torch.strided:
+                # No sparse (or other layout) kernels exist for PrivateUse1 tensors here.
+                raise NotImplementedError(
+                    f"torchneuron: {name} returns a {value.layout} tensor; the neuron device "
+                    "supports only strided tensors"
+                )
             return _cpu_to_new_neuron_strided(value)
         if isinstance(value, list | tuple):
             return type(value)(back(v) for v in value)
