@@ -201,3 +201,15 @@ def test_ldl_pivots_2x2_blocks_and_singular():
     _check(torch.linalg.ldl_factor_ex, s)  # two 2x2 pivots
     _check(torch.linalg.ldl_factor_ex, torch.zeros(3, 3))  # info = 1
     _check(torch.linalg.ldl_factor_ex, _randn(4, 4), hermitian=True)
+
+
+def test_lu_out_keeps_column_major_out_strides():
+    # torch.lu(out=) resizes each out with resize_as_: same sizes keep the strides, as CPU.
+    a = _randn(3, 5)
+    lu_cpu = torch.zeros(5, 3).mT
+    torch.lu(a, True, True, out=(lu_cpu, torch.zeros(3, dtype=torch.int32), torch.zeros((), dtype=torch.int32)))
+    lu_dev = torch.zeros(5, 3).mT.to(DEV)
+    out = (lu_dev, torch.zeros(3, dtype=torch.int32, device=DEV), torch.zeros((), dtype=torch.int32, device=DEV))
+    torch.lu(a.to(DEV), True, True, out=out)
+    assert lu_dev.stride() == lu_cpu.stride() == (1, 3)
+    torch.testing.assert_close(lu_dev.cpu(), lu_cpu)

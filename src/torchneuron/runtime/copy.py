@@ -225,6 +225,9 @@ def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 def resize_(t, size, *, memory_format=None):
     _check_sizes(size)
     shape = tuple(size)
+    if shape == tuple(t.shape) and memory_format is None:
+        # As CPU: the same sizes keep the tensor's strides (a column-major out= stays so).
+        return t
     stride = _strides_for(shape, memory_format)
     needed = storage.storage_size_for(shape, stride, t.storage_offset()) * t.dtype.itemsize
     st = t.untyped_storage()
