@@ -149,3 +149,34 @@ def test_linalg_out_on_cpu_fallback_resizes_and_keeps_layout():
     assert out.stride() == h.stride() == (1, 4)
     res = torch.linalg.householder_product(h.to(DEV), tau.to(DEV))
     torch.testing.assert_close(res.cpu(), expected)
+
+
+def _grad(fn, x, device):
+    x = x.detach().to(device).requires_grad_()
+    y = fn(x)
+    (g,) = torch.autograd.grad(y, (x,), torch.ones_like(y))
+    return y.detach().cpu(), g.cpu()
+
+
+@pytest.mark.usefixtures("strict")
+@pytest.mark.parametrize("name", ["svdvals", "nuc", "cond", "pinv", "pinv_hermitian", "eigvalsh", "eigvals"])
+def test_vector_free_composites_and_their_grads_run_natively(name):
+    # These composites use singular/eigen vectors only internally (results and gradients do
+    # not depend on their signs), so the vector modes are lowered inside them.
+    a = _randn(2, 5, 4, dtype=torch.float64)
+    h = _randn(4, 4, dtype=torch.float64)
+    h = h + h.mT
+    fn, x = {
+        "svdvals": (torch.linalg.svdvals, a),
+        "nuc": (lambda x: torch.linalg.matrix_norm(x, "nuc"), a),
+        "cond": (torch.linalg.cond, h),
+        "pinv": (torch.linalg.pinv, a),
+        "pinv_hermitian": (lambda x: torch.linalg.pinv(x, hermitian=True), h),
+        "eigvalsh": (torch.linalg.eigvalsh, h),
+        "eigvals": (lambda x: torch.linalg.eigvals(x).real, h + torch.triu(h)),
+    }[name]
+    y_cpu, g_cpu = _grad(fn, x, "cpu")
+    y_dev, g_dev = _grad(fn, x, DEV)
+    torch.testing.assert_close(y_dev, y_cpu)
+    torch.testing.assert_close(g_dev, g_cpu)
+    assert not torchneuron.op_counts()["fallback"]

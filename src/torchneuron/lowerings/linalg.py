@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -144,24 +146,41 @@ def _mH(x):
     return jnp.conj(jnp.swapaxes(x, -1, -2))
 
 
-@lowers(aten._linalg_svd.default)
+class _VectorsHidden(threading.local):
+    """How many composites that never show singular/eigen vectors to their caller (svdvals,
+    eigvalsh, pinv, eigvals) are running on this thread. Inside them the vectors' signs do not
+    matter (their results and gradients are invariant), so the vector modes are lowered."""
+
+    depth = 0
+
+
+_HIDDEN = _VectorsHidden()
+
+
+def _vectors_ok(arguments: dict) -> bool:
+    return _HIDDEN.depth > 0
+
+
+@lowers(aten._linalg_svd.default, static=("full_matrices", "compute_uv"))
 def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
-    # compute_uv is always False here (see lowered_only_when below); CPU ignores `driver`.
-    s = lax.linalg.svd(A, full_matrices=False, compute_uv=False)
-    return _empty(A.dtype), s, _empty(A.dtype)
+    # CPU ignores `driver` (a cuSOLVER choice).
+    if not compute_uv:
+        s = lax.linalg.svd(A, full_matrices=False, compute_uv=False)
+        return _empty(A.dtype), s, _empty(A.dtype)
+    return lax.linalg.svd(A, full_matrices=full_matrices, compute_uv=True)
 
 
-lowered_only_when(lambda a: not a["compute_uv"], aten._linalg_svd.default)
+lowered_only_when(lambda a: not a["compute_uv"] or _vectors_ok(a), aten._linalg_svd.default)
 
 
-@lowers(aten._linalg_eigh.default)
+@lowers(aten._linalg_eigh.default, static=("UPLO", "compute_v"))
 def linalg_eigh(A, UPLO="L", compute_v=True):
     # LAPACK reads only the UPLO triangle: JAX reads the lower one.
-    _, w = lax.linalg.eigh(A, lower=UPLO == "L", symmetrize_input=False)
-    return w, _empty(A.dtype)
+    v, w = lax.linalg.eigh(A, lower=UPLO == "L", symmetrize_input=False)
+    return w, (v if compute_v else _empty(A.dtype))
 
 
-lowered_only_when(lambda a: not a["compute_v"], aten._linalg_eigh.default)
+lowered_only_when(lambda a: not a["compute_v"] or _vectors_ok(a), aten._linalg_eigh.default)
 
 
 def _cholesky_unblocked(a):
@@ -265,3 +284,43 @@ def linalg_eigvals_out(A, *, out=None):
     # linalg_eigvals itself is a composite over _linalg_eigvals (lowered above); its out=
     # overload has a CPU kernel of its own, so it gets a lowering of its own.
     return linalg_eigvals(A)
+
+
+@lowers(aten.linalg_eig.default)
+def linalg_eig(A):
+    # Only inside eigvals (see lowered_only_when): JAX's eigenvectors are scaled otherwise than
+    # PyTorch's (MKL's), which eigvals' gradient does not see.
+    w, v = lax.linalg.eig(A, compute_left_eigenvectors=False)
+    return w, v
+
+
+lowered_only_when(_vectors_ok, aten.linalg_eig.default)
+
+
+def _hiding_vectors(op, composite_key):
+    """A kernel for composite `op` that runs PyTorch's own composite (its `composite_key`
+    kernel) with the vector modes of svd/eigh/eig lowered: its result never shows them."""
+
+    def kernel(*args, **kwargs):
+        _HIDDEN.depth += 1
+        try:
+            return op._op_dk(composite_key, *args, **kwargs)
+        finally:
+            _HIDDEN.depth -= 1
+
+    return kernel
+
+
+_COMPOSITES = torch.library.Library("aten", "IMPL")
+_KEY = torch._C.DispatchKey
+for _op, _composite, _slot in (
+    (aten.linalg_svdvals.default, _KEY.CompositeImplicitAutograd, "AutogradPrivateUse1"),
+    (aten.linalg_eigvalsh.default, _KEY.CompositeImplicitAutograd, "AutogradPrivateUse1"),
+    (aten.linalg_eigvals.default, _KEY.CompositeImplicitAutograd, "AutogradPrivateUse1"),
+    # pinv has a derivative of its own (autograd records it above the backend kernel)
+    (aten.linalg_pinv.atol_rtol_tensor, _KEY.CompositeExplicitAutogradNonFunctional, "PrivateUse1"),
+):
+    _name = _op._schema.name.split("::")[1]
+    if _op._overloadname != "default":
+        _name += "." + _op._overloadname
+    _COMPOSITES.impl(_name, _hiding_vectors(_op, _composite), _slot)
