@@ -258,7 +258,16 @@ def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save
 # ---- layer norm / group norm -----------------------------------------------------------
 
 
-@lowers(aten.native_layer_norm.default)
+def _layer_norm_meta(input, normalized_shape, weight, bias, eps):
+    # PyTorch's meta kernel reports float32 mean/rstd for half inputs (CUDA's choice); CPU
+    # keeps them in the input dtype unless weight/bias are float32 ("mixed type").
+    out, mean, rstd = aten.native_layer_norm.default(input, normalized_shape, weight, bias, eps)
+    params = [t for t in (weight, bias) if t is not None]
+    dtype = params[0].dtype if params and params[0].dtype != input.dtype else input.dtype
+    return out, mean.to(dtype), rstd.to(dtype)
+
+
+@lowers(aten.native_layer_norm.default, meta=_layer_norm_meta)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     x = _opmath(input)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
