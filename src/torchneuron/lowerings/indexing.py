@@ -254,6 +254,10 @@ def _scatter(x, dim, index, src, mode):
     else:
         src = jnp.broadcast_to(jnp.asarray(src), index.shape)
     src = src.astype(x.dtype)
+    if x.dtype == jnp.bool_ and mode != "set":
+        # bool add/multiply are logical or/and (CPU): count in int32, then test for nonzero.
+        out, bad = _scatter(x.astype(jnp.int32), dim, index, src.astype(jnp.int32), mode)
+        return (out != 0).reshape(shape), bad
     ref = x.at[_along(index, axis)]
     if mode == "set":
         out = ref.set(src, mode="drop")
