@@ -456,3 +456,18 @@ def _g(shape, seed=0):
 ])
 def test_gradients(name, fn, inputs):
     check(fn, *inputs, grad=(0,))
+
+
+# ---- repeat_interleave(repeats) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("repeats", [L(1, 0, 3), L(2, 1).to(torch.int32), L(3), torch.tensor([], dtype=torch.int64)])
+def test_repeat_interleave_tensor(repeats):
+    check(torch.repeat_interleave, repeats, native=("aten.repeat_interleave.Tensor",))
+    check(lambda r: torch.repeat_interleave(r, output_size=int(repeats.sum())), repeats)
+
+
+def test_repeat_interleave_tensor_errors():
+    for bad in (L(-1, 2), torch.tensor([[1, 2]])):
+        raises_like_cpu(torch.repeat_interleave, bad)
+    raises_like_cpu(lambda r: torch.repeat_interleave(r, output_size=5), L(1, 2))

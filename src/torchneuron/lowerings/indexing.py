@@ -498,3 +498,26 @@ def put(x, index, source, accumulate=False):
     else:
         out = ref.add(src, mode="drop")
     return out.reshape(x.shape), bad
+
+
+def _no_meta(*args, **kwargs):
+    """Output metadata comes from the concrete result: PyTorch's meta kernel refuses
+    `repeat_interleave` without `output_size`."""
+    return None
+
+
+@lowers(aten.repeat_interleave.Tensor, jit=False, meta=_no_meta)
+def repeat_interleave(repeats, *, output_size=None):
+    """`repeat_interleave(repeats)`: index i repeated repeats[i] times. The length is the sum
+    of `repeats` (data-dependent), so this runs on concrete values."""
+    if repeats.ndim != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if not jnp.issubdtype(repeats.dtype, jnp.integer):
+        raise NotImplementedError(f'"repeat_interleave" not implemented for {repeats.dtype}')
+    if repeats.size and int(jnp.min(repeats)) < 0:
+        raise RuntimeError("repeats can not be negative")
+    total = int(jnp.sum(repeats, dtype=INDEX))
+    if output_size is not None and output_size != total:
+        raise RuntimeError("allocated size does not match required size")
+    positions = jnp.arange(repeats.shape[0], dtype=repeats.dtype)
+    return jnp.repeat(positions, repeats, total_repeat_length=total)
