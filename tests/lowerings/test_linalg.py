@@ -137,18 +137,33 @@ def test_singular_vectors_run_on_cpu():
     assert "aten._linalg_svd.default" in fallback and "aten._linalg_eigh.default" in fallback
 
 
+@pytest.mark.usefixtures("strict")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex128])
+def test_geqrf(dtype):
+    for shape in [(5, 3), (2, 3, 5), (0, 3)]:
+        _check(torch.geqrf, _randn(*shape, dtype=dtype), tol=_tol(dtype))
+    # out= resizes empty outs to CPU's column-major layout
+    a = _randn(4, 3, dtype=dtype)
+    h, tau = torch.geqrf(a)
+    out = (torch.empty(0, dtype=dtype).to(DEV), torch.empty(0, dtype=dtype).to(DEV))
+    torch.geqrf(a.to(DEV), out=out)
+    torch.testing.assert_close(out[0].cpu(), h, rtol=_tol(dtype), atol=_tol(dtype))
+    torch.testing.assert_close(out[1].cpu(), tau, rtol=_tol(dtype), atol=_tol(dtype))
+    assert out[0].stride() == h.stride() == (1, 4)
+    with pytest.raises(RuntimeError):
+        torch.geqrf(torch.ones(3).to(DEV))
+    assert_native("aten.geqrf.default", "aten.geqrf.a")
+
+
 def test_linalg_out_on_cpu_fallback_resizes_and_keeps_layout():
     # A CPU-fallback out= kernel resizes its out tensors (the fallback gives them resizable
     # storage) and leaves them column-major, as on CPU.
-    a = _pd(4, 4, dtype=torch.float64)
-    h, tau = torch.geqrf(a)
-    expected = torch.linalg.householder_product(h, tau)
-    out = torch.empty(0, dtype=torch.float64).to(DEV)
-    torch.geqrf(a.to(DEV), out=(out, torch.empty(0, dtype=torch.float64).to(DEV)))
-    torch.testing.assert_close(out.cpu(), h)
-    assert out.stride() == h.stride() == (1, 4)
-    res = torch.linalg.householder_product(h.to(DEV), tau.to(DEV))
-    torch.testing.assert_close(res.cpu(), expected)
+    a = _randn(4, 4, dtype=torch.float64)
+    w, v = torch.linalg.eig(a)
+    out = (torch.empty(0, dtype=w.dtype).to(DEV), torch.empty(0, dtype=v.dtype).to(DEV))
+    torch.linalg.eig(a.to(DEV), out=out)
+    torch.testing.assert_close(out[1].cpu(), v)
+    assert out[1].stride() == v.stride() == (1, 4)
 
 
 def _grad(fn, x, device):

@@ -324,3 +324,43 @@ for _op, _composite, _slot in (
     if _op._overloadname != "default":
         _name += "." + _op._overloadname
     _COMPOSITES.impl(_name, _hiding_vectors(_op, _composite), _slot)
+
+
+def _column_major(shape, dtype) -> torch.Tensor:
+    """A meta tensor laid out as LAPACK results are: each matrix column-major."""
+    shape = tuple(shape)
+    stride = list(torch.empty(shape, device="meta").stride())
+    if len(shape) >= 2:
+        stride[-2], stride[-1] = 1, max(shape[-2], 1)
+    return torch.empty_strided(shape, tuple(stride), dtype=dtype, device="meta")
+
+
+def _geqrf_meta(A):
+    # PyTorch has no meta kernel for geqrf: its checks and CPU's output layout here.
+    if A.dim() < 2:
+        raise RuntimeError(
+            f"torch.geqrf: input must have at least 2 dimensions. (Got {A.dim()} dimensions)"
+        )
+    if not (A.dtype.is_floating_point or A.dtype.is_complex):
+        raise RuntimeError(f"geqrf: Expected a floating point or complex tensor as input. Got {A.dtype}")
+    m, n = A.shape[-2:]
+    tau = torch.empty((*A.shape[:-2], min(m, n)), dtype=A.dtype, device="meta")
+    return _column_major(A.shape, A.dtype), tau
+
+
+@lowers(aten.geqrf.default, meta=_geqrf_meta)
+def geqrf(A):
+    # LAPACK's geqrf itself (jax.lax.linalg.qr is built on it; it is not re-exported).
+    from jax._src.lax.linalg import geqrf as jax_geqrf
+
+    return jax_geqrf(A)
+
+
+def _geqrf_out_meta(A, *, a=None, tau=None):
+    return _geqrf_meta(A)
+
+
+@lowers(aten.geqrf.a, meta=_geqrf_out_meta)
+def geqrf_out(A, *, a=None, tau=None):
+    # Registered on the out overload too: PyTorch has no meta kernel to size `out` from.
+    return geqrf(A)
