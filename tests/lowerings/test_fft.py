@@ -130,3 +130,19 @@ def test_gradients(fn, is_complex, kwargs):
     gd = _on_device(g)
     (yd * gd).real.sum().backward() if yd.is_complex() else (yd * gd).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_stft_istft():
+    """stft pads with reflection (its backward is reflection_pad1d_backward's out overload)."""
+    window = torch.hann_window(10, dtype=torch.float64)
+    x = _data((2, 60), torch.float64, seed=4)
+    xc, xd = x.clone().requires_grad_(), _on_device(x).requires_grad_()
+    yc = torch.stft(xc, n_fft=10, window=window, return_complex=True)
+    yd = torch.stft(xd, n_fft=10, window=_on_device(window), return_complex=True)
+    _assert_same(yd, yc)
+    yc.abs().sum().backward()
+    yd.abs().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-10, atol=1e-10)
+    zc = torch.istft(yc.detach(), n_fft=10, window=window, length=60)
+    zd = torch.istft(yd.detach(), n_fft=10, window=_on_device(window), length=60)
+    _assert_same(zd, zc)

@@ -148,6 +148,12 @@ class OpPlan:
             if functional is not None and functional in LOWERINGS:
                 self.functional = functional
         self.decomposition: Callable | None = torch._decomp.decomposition_table.get(op)
+        if self.out_args and self.decomposition is not None and (
+            self.decomposition is torch._decomp.decomposition_table.get(_functional_overload(op))
+        ):
+            # Registered for the out overload too, but without taking `out` (e.g.
+            # reflection_pad1d_backward.grad_input): run it as the functional op's out variant.
+            self.decomposition = None
         # The lowering (own or functional twin's) is used only for some calls (registry.LIMITS).
         self.limited = (self.lowering is not None and op in LIMITS) or (
             self.functional is not None and self.functional in LIMITS)
