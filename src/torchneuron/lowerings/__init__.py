@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     indexing,
     linalg,
     nn,
+    nn_extra,
     optim,
     random,
     reduction,
