@@ -609,8 +609,48 @@ def adaptive_avg_pool2d(self, output_size):
     return _adaptive_avg_pool(self, list(output_size))
 
 
+def _adaptive_avg_pool3d_half(x, output_size):
+    """CPU's 3-d kernel for half/bfloat16: each window summed in the half type, element by
+    element in (d, h, w) order, then divided by kd, kh and kw in turn, rounding every step.
+    Summing in float32 would round once and differ by an ulp."""
+    axes = []
+    for size, o in zip(x.shape[-3:], output_size, strict=True):
+        starts = np.array([(i * size) // o for i in range(o)])
+        ends = np.array([-((-(i + 1) * size) // o) for i in range(o)])
+        axes.append((starts, ends - starts))
+    (sd, kd), (sh, kh), (sw, kw) = axes
+    total = jnp.zeros(x.shape[:-3] + tuple(output_size), x.dtype)
+    zero = jnp.zeros((), x.dtype)
+    info = jnp.finfo(x.dtype)
+
+    def rounded(v):
+        # XLA's CPU compiler computes chains of half ops in float32 and drops the
+        # intermediate conversions; reduce_precision keeps each step's rounding.
+        return lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+    for a in range(int(kd.max())):
+        for b in range(int(kh.max())):
+            for c in range(int(kw.max())):
+                inside = ((a < kd)[:, None, None] & (b < kh)[None, :, None]
+                          & (c < kw)[None, None, :])
+                d = np.minimum(sd + a, x.shape[-3] - 1)
+                h = np.minimum(sh + b, x.shape[-2] - 1)
+                w = np.minimum(sw + c, x.shape[-1] - 1)
+                window = x[..., d[:, None, None], h[None, :, None], w[None, None, :]]
+                # adding an exact zero outside the window leaves the running sum unchanged
+                total = rounded(total + jnp.where(inside, window, zero))
+    for k, shape in ((kd, (-1, 1, 1)), (kh, (1, -1, 1)), (kw, (1, 1, -1))):
+        # XLA turns a division by a half constant into a multiplication by its (rounded)
+        # reciprocal; in float32 the quotient still rounds to the correctly rounded half.
+        k = jnp.asarray(k.reshape(shape), jnp.float32)
+        total = rounded(total.astype(jnp.float32) / k).astype(x.dtype)
+    return total
+
+
 @lowers(aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool3d(self, output_size):
+    if self.dtype in (jnp.float16, jnp.bfloat16):
+        return _adaptive_avg_pool3d_half(self, list(output_size))
     return _adaptive_avg_pool(self, list(output_size))
 
 
