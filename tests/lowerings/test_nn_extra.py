@@ -94,3 +94,29 @@ def test_hash_tensor(dtype):
 
 def test_hash_tensor_nan():
     _compare(torch.hash_tensor, torch.tensor([float("nan"), -0.0, float("inf"), 1.5]), exact=True)
+
+
+# ---- grid sampling --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sample_2d_grad(mode, padding, align):
+    x, grid = _r(2, 3, 5, 6), _r(2, 4, 7, 2, seed=1) * 1.4
+    fn = lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=padding,  # noqa: E731
+                                    align_corners=align)
+    _compare(fn, x, grid, grad=(0, 1))
+    assert_native("aten.grid_sampler_2d_backward.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sample_3d(dtype, mode, padding, align):
+    x, grid = _r(2, 3, 4, 5, 6), _r(2, 3, 4, 2, 3, seed=1) * 1.4
+    fn = lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=padding,  # noqa: E731
+                                    align_corners=align)
+    _compare(fn, x, grid, grad=(0, 1), dtype=dtype)
+    assert_native("aten.grid_sampler_3d.default", "aten.grid_sampler_3d_backward.default")

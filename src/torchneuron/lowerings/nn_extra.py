@@ -10,6 +10,7 @@ agree with CPU's.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -162,3 +163,154 @@ def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
     if keepdim:
         out = jnp.expand_dims(out, dims)
     return out
+
+
+# ---- grid sampling --------------------------------------------------------------------------
+# CPU's GridSampler.h, written for 2-D and 3-D at once. Gradients are jax.vjp of the forward:
+# the clip and reflection helpers below are written with `where` so that their derivatives
+# are CPU's (0 outside or on the border, sign flips where reflected).
+
+
+def _unnormalize(coord, size: int, align_corners: bool):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _clip(coord, size: int):
+    return jnp.where(coord <= 0, jnp.zeros_like(coord),
+                     jnp.where(coord >= size - 1, jnp.full_like(coord, size - 1), coord))
+
+
+def _reflect(coord, twice_low: int, twice_high: int):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    lo = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    c = coord - lo
+    c = jnp.where(c < 0, -c, c)
+    extra = jnp.fmod(c, span)
+    flips = lax.stop_gradient(jnp.floor(c / span))
+    even = jnp.fmod(flips, 2) == 0
+    return jnp.where(even, extra + lo, span - extra + lo)
+
+
+def _pad_coordinates(coord, size: int, padding_mode: int, align_corners: bool):
+    if padding_mode == 1:  # border
+        return _clip(coord, size)
+    if padding_mode == 2:  # reflection
+        if align_corners:
+            coord = _reflect(coord, 0, 2 * (size - 1))
+        else:
+            coord = _reflect(coord, -1, 2 * size - 1)
+        return _clip(coord, size)
+    return coord
+
+
+def _gather_taps(x, idx, sizes):
+    """x (N, C, *sizes), idx: list of integer coordinate arrays (N, *out) per spatial axis
+    (x first, i.e. reversed axis order): values (N, C, *out), zero where out of bounds."""
+    n, c = x.shape[:2]
+    inside = jnp.ones(idx[0].shape, bool)
+    flat = jnp.zeros(idx[0].shape, jnp.int64)
+    for axis, size in enumerate(sizes):
+        i = idx[len(sizes) - 1 - axis]
+        inside = inside & (i >= 0) & (i < size)
+        flat = flat * size + jnp.clip(i, 0, size - 1)
+    out_shape = idx[0].shape[1:]
+    vals = jnp.take_along_axis(x.reshape(n, c, -1), flat.reshape(n, 1, -1), axis=2)
+    vals = vals.reshape(n, c, *out_shape)
+    return jnp.where(inside[:, None], vals, jnp.zeros((), x.dtype))
+
+
+def _grid_sample(x, grid, interpolation_mode: int, padding_mode: int, align_corners: bool):
+    sizes = x.shape[2:]  # (D,) H, W
+    nd = len(sizes)
+    # grid[..., 0] indexes the last axis (W), grid[..., 1] H, grid[..., 2] D
+    dims = [sizes[nd - 1 - k] for k in range(nd)]
+    coords = [_unnormalize(grid[..., k], dims[k], align_corners) for k in range(nd)]
+    if interpolation_mode == 2:  # bicubic (2-D only)
+        base = [lax.stop_gradient(jnp.floor(c)) for c in coords]
+        coeffs = [_cubic_weights(c - b) for c, b in zip(coords, base, strict=True)]
+        out = None
+        for iy in range(4):
+            row = None
+            for ix in range(4):
+                taps = []
+                for k, off in enumerate((ix, iy)):
+                    t = _pad_coordinates(base[k] - 1 + off, dims[k], padding_mode, align_corners)
+                    taps.append(lax.stop_gradient(t).astype(jnp.int64))
+                v = _gather_taps(x, taps, sizes) * coeffs[0][ix][:, None]
+                row = v if row is None else row + v
+            v = row * coeffs[1][iy][:, None]
+            out = v if out is None else out + v
+        return out
+    coords = [_pad_coordinates(c, d, padding_mode, align_corners)
+              for c, d in zip(coords, dims, strict=True)]
+    if interpolation_mode == 1:  # nearest, ties to even as nearbyint
+        taps = [lax.stop_gradient(jnp.round(c)).astype(jnp.int64) for c in coords]
+        return _gather_taps(x, taps, sizes)
+    lo = [lax.stop_gradient(jnp.floor(c)) for c in coords]
+    out = None
+    # corners summed in CPU's order, x offset fastest: nw, ne, sw, se (2-D), tnw .. bse (3-D)
+    for corner in range(2 ** nd):
+        offs = [(corner >> k) & 1 for k in range(nd)]
+        w = None
+        for k in range(nd):
+            # weight of a low corner is (high - coord), of a high corner (coord - low)
+            wk = (lo[k] + 1 - coords[k]) if offs[k] == 0 else (coords[k] - lo[k])
+            w = wk if w is None else w * wk
+        taps = [(lo[k] + offs[k]).astype(jnp.int64) for k in range(nd)]
+        v = _gather_taps(x, taps, sizes) * w[:, None]
+        out = v if out is None else out + v
+    return out
+
+
+def _cubic_weights(t):
+    a = -0.75
+
+    def conv1(v):
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def conv2(v):
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+
+    return [conv2(t + 1), conv1(t), conv1(1 - t), conv2(2 - t)]
+
+
+def _grid_sample_lowering(input, grid, interpolation_mode, padding_mode, align_corners):
+    dtype = input.dtype
+    out = _grid_sample(_opmath(input), _opmath(grid), interpolation_mode, padding_mode,
+                       align_corners)
+    return out.astype(dtype)
+
+
+def _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                          align_corners, output_mask):
+    x, g = _opmath(input), _opmath(grid)
+
+    def fwd(x_, g_):
+        return _grid_sample(x_, g_, interpolation_mode, padding_mode, align_corners)
+
+    _, vjp = jax.vjp(fwd, x, g)
+    gx, gg = vjp(_opmath(grad_output).astype(x.dtype))
+    return (gx if output_mask[0] else None), gg
+
+
+@lowers(aten.grid_sampler_3d.default)
+def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample_lowering(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowers(aten.grid_sampler_3d_backward.default)
+def grid_sampler_3d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                             align_corners, output_mask):
+    return _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                                 align_corners, output_mask)
+
+
+@lowers(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                             align_corners, output_mask):
+    return _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                                 align_corners, output_mask)
