@@ -12,15 +12,14 @@ from torchneuron.runtime import dispatch
 
 DEV = "neuron"
 
-# An op nobody lowers and that has no decomposition: it must run on CPU, visibly.
-UNLOWERED = torch.ops.aten._cdist_forward.default
+# An op only CPU implements (tests/conftest.py): it must run on CPU, visibly.
+UNLOWERED = torch.ops.tn_test.cpu_only_scale.default
 
 
 def _unlowered_call():
     a = torch.randn(3, 2)
-    b = torch.randn(4, 2)
-    cpu = UNLOWERED(a, b, 2.0, None)
-    dev = UNLOWERED(a.to(DEV), b.to(DEV), 2.0, None)
+    cpu = UNLOWERED(a, 2.0)
+    dev = UNLOWERED(a.to(DEV), 2.0)
     return cpu, dev
 
 
@@ -46,7 +45,7 @@ def test_fallback_runs_on_cpu_warns_once_and_counts(monkeypatch):
         warnings.simplefilter("always")
         cpu, dev = _unlowered_call()
         _unlowered_call()
-    ours = [w for w in caught if "_cdist_forward" in str(w.message)]
+    ours = [w for w in caught if "cpu_only_scale" in str(w.message)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     assert dev.device.type == "neuron"
     torch.testing.assert_close(dev.cpu(), cpu)
@@ -55,20 +54,19 @@ def test_fallback_runs_on_cpu_warns_once_and_counts(monkeypatch):
 
 def test_strict_mode_raises_instead_of_falling_back(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_STRICT", "1")
-    with pytest.raises(NotImplementedError, match="_cdist_forward"):
+    with pytest.raises(NotImplementedError, match="cpu_only_scale"):
         _unlowered_call()
 
 
 def test_fallback_of_inplace_op_writes_back_through_view(monkeypatch):
     monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
-    # `_cdist_forward` is functional; for in-place use an op we deliberately leave unlowered.
     base = torch.zeros(3, 4, device=DEV)
     cpu = torch.zeros(3, 4)
-    op = torch.ops.aten.polygamma_.default  # no lowering, no decomposition to our ops
+    op = torch.ops.tn_test.cpu_only_scale_.default  # CPU-only in-place op (conftest.py)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        op(base[:, 1].fill_(0.5), 1)
-    op(cpu[:, 1].fill_(0.5), 1)
+        op(base[:, 1].fill_(0.5), 3.0)
+    op(cpu[:, 1].fill_(0.5), 3.0)
     torch.testing.assert_close(base.cpu(), cpu)
 
 
