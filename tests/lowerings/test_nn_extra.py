@@ -92,6 +92,11 @@ def test_hash_tensor(dtype):
     assert_native("aten.hash_tensor.default")
 
 
+def test_hash_tensor_scalar():
+    _compare(lambda t: torch.hash_tensor(t, 0, keepdim=True), torch.tensor(2.5), exact=True)
+    _compare(torch.hash_tensor, torch.tensor(-7), exact=True)
+
+
 def test_hash_tensor_nan():
     _compare(torch.hash_tensor, torch.tensor([float("nan"), -0.0, float("inf"), 1.5]), exact=True)
 

@@ -158,6 +158,8 @@ def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
         bits = lax.bitcast_convert_type(self.astype(jnp.int64), jnp.uint64)
     else:
         raise NotImplementedError(f'"xor_sum_cpu" not implemented for {dt}')
+    if self.ndim == 0:  # dim 0 / -1 of a scalar is the scalar itself
+        return bits
     dims = tuple(d % self.ndim for d in dim) if dim else tuple(range(self.ndim))
     out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, dims)
     if keepdim:
