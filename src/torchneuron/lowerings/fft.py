@@ -35,6 +35,13 @@ def _scale(x, normalization: int, signal_numel: int):
     return x * jnp.asarray(factor, dtype=x.real.dtype)
 
 
+def _check_dtype(x) -> None:
+    """CPU's kernels transform float32/float64 (complex64/complex128) only."""
+    if x.dtype in (jnp.float16, jnp.bfloat16):
+        name = "Half" if x.dtype == jnp.float16 else "BFloat16"
+        raise RuntimeError(f"MKL FFT doesn't support tensors of type: {name}")
+
+
 def _wrap(dim: Sequence[int], ndim: int) -> list[int]:
     return [d % ndim if ndim else d for d in dim]
 
@@ -106,6 +113,7 @@ def _meta_c2r(self, dim, normalization, last_dim_size):
 
 @lowers(aten._fft_c2c.default, meta=_meta_c2c)
 def fft_c2c(self, dim: list[int], normalization: int, forward: bool):
+    _check_dtype(self)
     if not dim:
         return self
     dims = _wrap(dim, self.ndim)
@@ -119,6 +127,7 @@ def fft_c2c(self, dim: list[int], normalization: int, forward: bool):
 
 @lowers(aten._fft_r2c.default, meta=_meta_r2c)
 def fft_r2c(self, dim: list[int], normalization: int, onesided: bool):
+    _check_dtype(self)
     dims = _wrap(dim, self.ndim)
     numel = math.prod(self.shape[d] for d in dims)
     if onesided:
@@ -131,6 +140,7 @@ def fft_r2c(self, dim: list[int], normalization: int, onesided: bool):
 
 @lowers(aten._fft_c2r.default, meta=_meta_c2r)
 def fft_c2r(self, dim: list[int], normalization: int, last_dim_size: int):
+    _check_dtype(self)
     dims = _wrap(dim, self.ndim)
     sizes = [self.shape[d] for d in dims[:-1]] + [last_dim_size]
     # Like CPU: an inverse c2c transform over all but the last dimension, then a 1-D c2r
