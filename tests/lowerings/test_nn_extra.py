@@ -125,3 +125,27 @@ def test_grid_sample_3d(dtype, mode, padding, align):
                                     align_corners=align)
     _compare(fn, x, grid, grad=(0, 1), dtype=dtype)
     assert_native("aten.grid_sampler_3d.default", "aten.grid_sampler_3d_backward.default")
+
+
+# ---- fractional max pooling (random_samples given, so CPU's result is deterministic) --------
+
+
+@pytest.mark.parametrize("nd,shape,kernel,out", [
+    (2, (2, 3, 9, 11), 2, 4), (2, (3, 7, 8), 3, 3), (3, (2, 2, 5, 6, 7), 2, 3), (3, (2, 6, 7, 5), 1, 4),
+])
+def test_fractional_max_pool(nd, shape, kernel, out):
+    op = torch.ops.aten.fractional_max_pool2d if nd == 2 else torch.ops.aten.fractional_max_pool3d
+    x = _r(*shape)
+    x.view(-1)[::7] = float("nan")
+    samples = torch.rand(shape[0] if len(shape) == nd + 2 else 1, shape[-nd - 1], nd,
+                         generator=torch.Generator().manual_seed(1))
+    xc, xd = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    oc, ic = op(xc, [kernel] * nd, [out] * nd, samples)
+    od, idd = op(xd, [kernel] * nd, [out] * nd, samples.to(DEV))
+    torch.testing.assert_close(od.cpu(), oc, equal_nan=True, atol=0, rtol=0)
+    assert torch.equal(idd.cpu(), ic)
+    g = torch.randn_like(oc)
+    torch.testing.assert_close(torch.autograd.grad(od, xd, g.to(DEV))[0].cpu(),
+                               torch.autograd.grad(oc, xc, g)[0])
+    assert_native(f"aten.fractional_max_pool{nd}d.default",
+                  f"aten.fractional_max_pool{nd}d_backward.default")

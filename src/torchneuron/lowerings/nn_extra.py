@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .nn import _opmath, _scale_value
+from .nn import _max_pool_backward, _opmath, _scale_value
 from .registry import lowered_only_when, lowers
 
 aten = torch.ops.aten
@@ -316,3 +316,91 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, paddi
                              align_corners, output_mask):
     return _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                                  align_corners, output_mask)
+
+
+# ---- fractional max pooling -----------------------------------------------------------------
+
+
+def _fractional_starts(sample, in_size: int, out_size: int, pool: int):
+    """CPU's generate_intervals: window starts from one uniform sample per plane, computed in
+    the input's precision and truncated to int like CPU. sample: (planes,) -> (planes, out)."""
+    if out_size <= 1:
+        return jnp.full(sample.shape + (out_size,), in_size - pool, jnp.int64)
+    alpha = (jnp.asarray(in_size - pool, sample.dtype) / jnp.asarray(out_size - 1, sample.dtype))
+    i = jnp.arange(out_size - 1, dtype=sample.dtype)
+    starts = (((i + sample[:, None]) * alpha).astype(jnp.int32)
+              - (sample[:, None] * alpha).astype(jnp.int32)).astype(jnp.int64)
+    last = jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)
+    return jnp.concatenate([starts, last], axis=1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, random_samples):
+    """Max over the windows CPU picks; index = last NaN of a window, else its first maximum
+    (CPU's `val > max || isnan(val)` scan), flattened over the plane."""
+    nd = len(kernel_size)
+    batched = x.ndim == nd + 2
+    xb = x if batched else x[None]
+    n, c = xb.shape[:2]
+    sizes = xb.shape[2:]
+    planes = n * c
+    # which sample drives which axis, as in CPU: (W, H) in 2-D, (T, H, W) in 3-D
+    order = [1, 0] if nd == 2 else [0, 1, 2]
+    samples = random_samples.reshape(planes, nd).astype(x.dtype)
+    flat = jnp.zeros((planes,) + tuple(output_size) + tuple(kernel_size), jnp.int64)
+    for k in range(nd):
+        starts = _fractional_starts(samples[:, order[k]], sizes[k], output_size[k], kernel_size[k])
+        pos = starts[:, :, None] + jnp.arange(kernel_size[k])  # (planes, out_k, kernel_k)
+        shape = [planes] + [1] * (2 * nd)
+        shape[1 + k], shape[1 + nd + k] = output_size[k], kernel_size[k]
+        flat = flat * sizes[k] + pos.reshape(shape)
+    window = int(np.prod(kernel_size))
+    flat = flat.reshape(planes, -1, window)
+    vals = jnp.take_along_axis(xb.reshape(planes, -1), flat.reshape(planes, -1), axis=1)
+    vals = vals.reshape(flat.shape)
+    nan = jnp.isnan(vals) if jnp.issubdtype(vals.dtype, jnp.floating) else jnp.zeros(vals.shape, bool)
+    last_nan = window - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
+    first_max = jnp.argmax(jnp.where(nan, jnp.zeros((), vals.dtype), vals), axis=-1)
+    pick = jnp.where(jnp.any(nan, axis=-1), last_nan, first_max)[..., None]
+    out = jnp.take_along_axis(vals, pick, axis=-1)[..., 0]
+    idx = jnp.take_along_axis(flat, pick, axis=-1)[..., 0]
+    shape = xb.shape[:2] + tuple(output_size)
+    out, idx = out.reshape(shape), idx.reshape(shape)
+    return (out, idx) if batched else (out[0], idx[0])
+
+
+def _fractional_dtype_ok(a: dict) -> bool:
+    # CPU computes the window starts in the input's dtype; half/bfloat16 arithmetic is not
+    # reproduced here, so those run on CPU
+    return a["self"].dtype in (torch.float32, torch.float64)
+
+
+@lowers(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(self, list(kernel_size), list(output_size), random_samples)
+
+
+@lowers(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    # PyTorch has no meta kernel for the 3-D op: its shape checks are made here
+    if self.ndim not in (4, 5) or any(d == 0 for d in self.shape[-4:]):
+        raise RuntimeError("fractional_max_pool3d: expected non-empty 4D or 5D input")
+    for size, k, o in zip(self.shape[-3:], kernel_size, output_size, strict=True):
+        if o + k - 1 >= size:
+            raise RuntimeError("fractional_max_pool3d_out(): pool too large relative to input")
+    return _fractional_max_pool(self, list(kernel_size), list(output_size), random_samples)
+
+
+lowered_only_when(_fractional_dtype_ok, aten.fractional_max_pool2d.default,
+                  aten.fractional_max_pool3d.default)
+
+
+@lowers(aten.fractional_max_pool2d_backward.default,
+        index_error="fractional_max_pool2d_backward: index out of range")
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@lowers(aten.fractional_max_pool3d_backward.default,
+        index_error="fractional_max_pool3d_backward: index out of range")
+def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)
