@@ -739,14 +739,22 @@ def _erfcx(x: jax.Array) -> jax.Array:
 
 
 def _log_ndtr(x: jax.Array) -> jax.Array:
-    # CPU: log(erfcx(-t) / 2) - t^2 below -1 (no underflow), log1p(-erfc(t) / 2) above.
-    t = x * math.sqrt(0.5)
-    low = jnp.log(_erfcx(-t).astype(t.dtype) / 2.0) - t * t
-    high = jnp.log1p(-jss.erfc(t) / 2.0)
+    """CPU: log(erfcx(-t) / 2) - t^2 below -1 (no underflow), log1p(-erfc(t) / 2) above, with
+    t = x / sqrt(2). Below -1 the two terms nearly cancel in log_ndtr's gradient
+    (exp(-(log_ndtr(x) + x^2 / 2))), so t, t^2 and the difference are rounded in the input's
+    dtype as CPU rounds them (each product formed exactly in float64 and rounded once: XLA
+    would otherwise fuse t * t - a into an FMA)."""
+    dt = x.dtype
+    t = x * jnp.asarray(math.sqrt(0.5), dt)
+    t64 = t.astype(_F64)
+    tt = (t64 * t64).astype(dt).astype(_F64)
+    log_term = jnp.log(_erfcx(-t).astype(dt).astype(_F64) / 2.0).astype(dt).astype(_F64)
+    low = (log_term - tt).astype(dt)
+    high = jnp.log1p(-jss.erfc(t64) / 2.0).astype(dt)
     return jnp.where(x < -1.0, low, high)
 
 
 lowers(aten.special_erfcx.default, promote=INT_TO_FLOAT)(
     lambda x: _erfcx(_float(x)).astype(_float(x).dtype))
-for _op, _fn in {aten.special_log_ndtr.default: _log_ndtr, aten.special_ndtri.default: jss.ndtri}.items():
-    lowers(_op, promote=INT_TO_FLOAT)(lambda x, _fn=_fn: _f64(_fn)(_float(x)))
+lowers(aten.special_log_ndtr.default, promote=INT_TO_FLOAT)(lambda x: _log_ndtr(_float(x)))
+lowers(aten.special_ndtri.default, promote=INT_TO_FLOAT)(lambda x: _f64(jss.ndtri)(_float(x)))
