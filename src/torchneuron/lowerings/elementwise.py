@@ -6,18 +6,93 @@ results to the dtype PyTorch's meta kernel reports, so these functions only say 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
-from .registry import lowers
+from .registry import lowers as _register
 
 aten = torch.ops.aten
 DEFAULT = "DEFAULT"
 INT_TO_FLOAT = "INT_TO_FLOAT"
 BOOL = "ALWAYS_BOOL"
 NO_OPMATH = "NO_OPMATH"
+
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+# Ops computed in their own dtype: their result depends on the format itself (nextafter's
+# neighbour, frexp's bits, nan_to_num's largest finite value), or they only move values
+# (nothing to round; a float32 detour would round a fill value twice).
+_OWN_DTYPE = {
+    aten.nextafter.default, aten.frexp.Tensor, aten.nan_to_num.default, aten.fill.Scalar,
+    aten.fill.Tensor, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.zero.default,
+    aten.clone.default, aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
+    aten.where.Scalar, aten.real.default, aten.imag.default, aten.conj_physical.default,
+}
+
+
+def _is_weak(v) -> bool:
+    """A traced Python scalar (alpha, value=...): it takes the tensors' dtype in arithmetic."""
+    return bool(getattr(v, "weak_type", False) or getattr(getattr(v, "aval", None), "weak_type", False))
+
+
+def _opmath_dtype(values) -> np.dtype | None:
+    """The half/bfloat16 dtype when every floating tensor argument has it, else None."""
+    half = None
+    for v in values:
+        dtype = getattr(v, "dtype", None)
+        if dtype is None or _is_weak(v) or not jnp.issubdtype(dtype, jnp.floating):
+            continue
+        dtype = jnp.dtype(dtype)
+        if dtype not in _HALF or (half is not None and dtype != half):
+            return None
+        half = dtype
+    return half
+
+
+def _in_opmath(fn):
+    """Run `fn` on float32 copies of half/bfloat16 arguments and round its results once.
+
+    PyTorch's CPU kernels compute half and bfloat16 in float32 ("opmath") and round the
+    result; XLA computes each step of a formula in the narrow type (and several of its
+    transcendental expansions in half are less accurate), so results would differ by an ulp
+    or more. (Lowerings with `promote=` already receive float32: the runtime casts to
+    PyTorch's computation dtype; this covers the others, e.g. the activations.)"""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        half = _opmath_dtype(list(args) + list(kwargs.values()))
+        if half is None:
+            return fn(*args, **kwargs)
+
+        def up(v):
+            dtype = getattr(v, "dtype", None)
+            return v.astype(jnp.float32) if dtype is not None and jnp.dtype(dtype) == half else v
+
+        def down(r):
+            return r.astype(half) if getattr(r, "dtype", None) == jnp.float32 else r
+
+        result = fn(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+        if isinstance(result, tuple | list):
+            return type(result)(down(r) for r in result)
+        return down(result)
+
+    return run
+
+
+def lowers(*ops, **options):
+    """`registry.lowers`, computing half/bfloat16 in float32 unless the op is in _OWN_DTYPE."""
+    register = _register(*ops, **options)
+
+    def wrap(fn):
+        register(fn if any(op in _OWN_DTYPE for op in ops) else _in_opmath(fn))
+        return fn
+
+    return wrap
 
 
 def _erfinv(x):
@@ -49,7 +124,7 @@ for _name, _fn in {
     _unary(getattr(aten, _name), _fn)
 
 for _name, _fn in {
-    "neg": jnp.negative, "abs": jnp.abs, "sign": jnp.sign, "square": jnp.square,
+    "neg": jnp.negative, "abs": jnp.abs, "sign": lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x), "square": jnp.square,
     "bitwise_not": lambda x: jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x),
 }.items():
     _unary(getattr(aten, _name), _fn, promote=DEFAULT)
@@ -80,6 +155,8 @@ def signbit(x):
 
 @lowers(aten.sgn.default, promote=DEFAULT)
 def sgn(x):
+    if x.dtype == jnp.bool_:
+        return x
     if jnp.iscomplexobj(x):
         mag = jnp.abs(x)
         return jnp.where(mag == 0, 0, x / jnp.where(mag == 0, 1, mag))
@@ -172,12 +249,68 @@ def fmod(x, y):
     return jnp.fmod(x, y)
 
 
+def _integer_pow(x, y):
+    """PyTorch's integer pow: square-and-multiply wrapping in the integer type; a negative
+    exponent gives 0, except for bases 1 and -1 (1 and +-1 by the exponent's parity)."""
+    dtype = jnp.result_type(x, y)
+    x, y = jnp.broadcast_arrays(jnp.asarray(x, dtype), jnp.asarray(y, dtype))
+    bits = jnp.iinfo(dtype).bits
+
+    def step(_, carry):
+        result, base, e = carry
+        result = jnp.where((e & 1) == 1, result * base, result)
+        return result, base * base, e >> 1
+
+    e = jnp.where(y < 0, jnp.zeros_like(y), y)
+    result, _, _ = lax.fori_loop(0, bits, step, (jnp.ones_like(x), x, e))
+    if jnp.issubdtype(dtype, jnp.signedinteger):
+        odd = (y & 1) == 1
+        negative = jnp.where(x == 1, 1, jnp.where(x == -1, jnp.where(odd, -1, 1), 0))
+        result = jnp.where(y < 0, negative.astype(dtype), result)
+    return result
+
+
 @lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote=DEFAULT)
 def pow_(x, y):
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.integer):
-        return lax.integer_pow(x, y) if isinstance(y, int) else jnp.power(x, y)
+        if isinstance(y, int) and y >= 0:
+            return lax.integer_pow(x, y)
+        return _integer_pow(x, y)
     return jnp.power(x, y)
+
+
+def _gcd(x, y):
+    """CPU's Euclid in the integer type (C remainder; |INT_MIN| stays negative), with a fixed
+    number of steps: jnp.gcd loops forever on INT_MIN."""
+    dtype = jnp.result_type(x, y)
+    a, b = jnp.broadcast_arrays(jnp.abs(jnp.asarray(x, dtype)), jnp.abs(jnp.asarray(y, dtype)))
+
+    def step(_, carry):
+        a, b = carry
+        nonzero = a != 0
+        rem = lax.rem(b, jnp.where(nonzero, a, jnp.ones_like(a)))
+        return jnp.where(nonzero, rem, a), jnp.where(nonzero, a, b)
+
+    # Euclid takes at most log_phi(2**bits) + 2 steps.
+    steps = jnp.iinfo(dtype).bits * 3 // 2 + 3
+    return lax.fori_loop(0, steps, step, (a, b))[1]
+
+
+@lowers(aten.gcd.default, promote=DEFAULT)
+def gcd(x, y):
+    return _gcd(x, y)
+
+
+@lowers(aten.lcm.default, promote=DEFAULT)
+def lcm(x, y):
+    # CPU: |x / gcd * y| (0 when gcd is 0) in C++ arithmetic: 8/16-bit types are promoted
+    # to int first, so the product wraps only when cast back.
+    dtype = jnp.result_type(x, y)
+    g = _gcd(x, y)
+    wide = jnp.int32 if jnp.iinfo(dtype).bits < 32 else dtype
+    x, y, g = (jnp.asarray(v).astype(wide) for v in (x, y, g))
+    return jnp.abs(jnp.where(g == 0, 0, lax.div(x, jnp.where(g == 0, 1, g)) * y)).astype(dtype)
 
 
 @lowers(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar,
@@ -209,7 +342,22 @@ def nextafter(x, y):
 
 @lowers(aten.logaddexp.default, promote=DEFAULT)
 def logaddexp(x, y):
+    if jnp.iscomplexobj(x) or jnp.iscomplexobj(y):
+        return _complex_logaddexp(x, y)
     return jnp.logaddexp(x, y)
+
+
+def _complex_logaddexp(x, y):
+    """CPU's complex formula: max + log1p(exp(min - max)), ordered by real part. Its imaginary
+    part is max's plus a principal angle (not wrapped into (-pi, pi] as log(exp + exp) is)."""
+    x, y = jnp.broadcast_arrays(jnp.asarray(x), jnp.asarray(y))
+    x_first = x.real < y.real
+    lo, hi = jnp.where(x_first, x, y), jnp.where(x_first, y, x)
+    out = jnp.log1p(jnp.exp(lo - hi)) + hi
+    both_inf = ~jnp.isfinite(lo.real) & (lo.real == hi.real)
+    out = jnp.where(both_inf, jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi))), out)
+    nan = jnp.isnan(x) | jnp.isnan(y)
+    return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), out.dtype), out)
 
 
 @lowers(aten.logaddexp2.default, promote=DEFAULT)
@@ -459,7 +607,7 @@ def gelu_backward(grad_output, x, *, approximate="none"):
 
 @lowers(aten.silu.default)
 def silu(x):
-    return x * jax.nn.sigmoid(x)
+    return x / (1 + jnp.exp(-x))  # CPU's formula
 
 
 @lowers(aten.silu_backward.default)

@@ -1,0 +1,138 @@
+"""Non-float32 dtypes against CPU PyTorch: half/bfloat16 computed in float32 like CPU's kernels
+("opmath"), integer pow/gcd/lcm semantics, bool variants, dtype-specific kernels CPU runs
+(adaptive_avg_pool3d's half accumulation, layer norm's half statistics), complex logaddexp.
+Every test runs with TORCHNEURON_STRICT=1 (no CPU fallback).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lowering_checks import assert_native
+
+DEV = "neuron"
+HALF = [torch.float16, torch.bfloat16]
+INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+pytestmark = pytest.mark.usefixtures("strict")  # tests/lowerings/conftest.py
+
+
+def _every_half(dtype: torch.dtype) -> torch.Tensor:
+    """Every finite, normal value of a 16-bit float type (XLA's CPU flushes float32
+    subnormals, which bfloat16 subnormals become, to zero)."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype)
+    magnitude = values.float().abs()
+    return values[torch.isfinite(magnitude) & (magnitude >= torch.finfo(dtype).tiny)]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("name", ["expm1", "log2", "sigmoid", "asinh", "sinc"])
+def test_half_unary_rounds_once(name, dtype):
+    # XLA computes these in the half type with less accurate expansions; CPU rounds the float32
+    # result once. On every value they must agree to within the OpInfo tolerance.
+    x = _every_half(dtype)
+    fn = getattr(torch, name)
+    torch.testing.assert_close(fn(x.to(DEV)).cpu(), fn(x), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_composites_match_cpu_exactly(dtype):
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 64, dtype=dtype) * 4, torch.randn(64, 64, dtype=dtype)
+    xd, yd = x.to(DEV), y.to(DEV)
+    F = torch.nn.functional
+    for fn in (F.hardswish, F.hardsigmoid, F.mish, F.softplus, F.elu, F.silu):
+        assert torch.equal(fn(xd).cpu(), fn(x)), fn
+    # Scalars stay in float32 in CPU's kernels (add/sub, which round alpha and a Python
+    # number to the half type first, are still an ulp off here: within the tolerance)
+    assert torch.equal((xd * 0.3).cpu(), x * 0.3)
+    assert torch.equal(torch.addcmul(xd, yd, yd, value=0.3).cpu(), torch.addcmul(x, y, y, value=0.3))
+    assert torch.equal(torch.lerp(xd, yd, 0.3).cpu(), torch.lerp(x, y, 0.3))
+    assert torch.equal(F.leaky_relu(xd, 0.3).cpu(), F.leaky_relu(x, 0.3))
+    assert_native("aten.hardswish.default", "aten.mul.Tensor")
+
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_integer_pow_negative_and_wrapping_exponents(dtype):
+    lo = 0 if dtype == torch.uint8 else -5
+    base = torch.arange(lo, 8, dtype=torch.int64).to(dtype)
+    exps = torch.tensor([0, 1, 2, 3, 5, 7, 31, 62, 63, 100], dtype=torch.int64)
+    if dtype != torch.uint8:
+        exps = torch.cat([torch.tensor([-3, -2, -1]), exps])
+    exps = exps.to(dtype)
+    b, e = torch.broadcast_tensors(base[:, None], exps[None, :])
+    assert torch.equal((b.to(DEV) ** e.to(DEV)).cpu(), b ** e)
+    assert torch.equal((3 ** e.to(DEV)).cpu(), 3 ** e)  # __rpow__
+    assert torch.equal((b.to(DEV) ** 5).cpu(), b ** 5)
+    assert_native("aten.pow.Tensor_Tensor")
+
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_gcd_lcm(dtype):
+    info = torch.iinfo(dtype)
+    values = [0, 1, 2, 3, 7, 12, 18, 100, info.max]
+    if info.min < 0:
+        values += [-1, -2, -5, -18, -128]
+    v = torch.tensor(values, dtype=torch.int64).to(dtype)
+    a, b = torch.broadcast_tensors(v[:, None], v[None, :])
+    assert torch.equal(torch.gcd(a.to(DEV), b.to(DEV)).cpu(), torch.gcd(a, b))
+    # 8/16-bit lcm is computed in int (C++ promotion) and wraps when stored
+    assert torch.equal(torch.lcm(a.to(DEV), b.to(DEV)).cpu(), torch.lcm(a, b))
+    assert_native("aten.gcd.default", "aten.lcm.default")
+
+
+def test_gcd_int_min_terminates():
+    a = torch.tensor([-(2**31), -(2**31), 12], dtype=torch.int32)
+    b = torch.tensor([12, -(2**31), 0], dtype=torch.int32)
+    assert torch.equal(torch.gcd(a.to(DEV), b.to(DEV)).cpu(), torch.gcd(a, b))
+
+
+def test_bool_sign_sgn_scatter_add():
+    x = torch.tensor([True, False, True])
+    assert torch.equal(torch.sgn(x.to(DEV)).cpu(), torch.sgn(x))
+    assert torch.equal(torch.sign(x.to(DEV)).cpu(), torch.sign(x))
+    torch.manual_seed(0)
+    target = torch.zeros(10, 5, dtype=torch.bool)
+    index = torch.randint(0, 10, (5, 5))
+    src = torch.rand(5, 5) > 0.5
+    got = torch.scatter_add(target.to(DEV), 0, index.to(DEV), src.to(DEV)).cpu()
+    assert torch.equal(got, torch.scatter_add(target, 0, index, src))
+    ones = torch.ones(10, 5, dtype=torch.bool)
+    got = ones.to(DEV).scatter(0, index.to(DEV), src.to(DEV), reduce="multiply").cpu()
+    assert torch.equal(got, ones.scatter(0, index, src, reduce="multiply"))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_layer_norm_half_statistics_dtype(dtype):
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 8, dtype=dtype), torch.randn(8, dtype=dtype)
+    expected = torch.ops.aten.native_layer_norm(x, [8], w, w, 1e-5)
+    got = torch.ops.aten.native_layer_norm(x.to(DEV), [8], w.to(DEV), w.to(DEV), 1e-5)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g.cpu(), e)
+    # float32 parameters ("mixed type"): float32 statistics
+    got = torch.ops.aten.native_layer_norm(x.to(DEV), [8], w.float().to(DEV), None, 1e-5)
+    assert got[1].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_adaptive_avg_pool3d_half_matches_cpu_exactly(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 8, 8, dtype=dtype) * 2
+    F = torch.nn.functional
+    assert torch.equal(F.adaptive_avg_pool3d(x.to(DEV), (5, 7, 4)).cpu(),
+                       F.adaptive_avg_pool3d(x, (5, 7, 4)))
+    assert_native("aten._adaptive_avg_pool3d.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_logaddexp_branch(dtype):
+    torch.manual_seed(0)
+    x, y = torch.randn(40, dtype=dtype) * 3, torch.randn(40, dtype=dtype) * 3
+    inf, nan = float("inf"), float("nan")
+    x[0], y[0] = complex(inf, 1), complex(inf, 2)
+    x[1], y[1] = complex(-inf, 1), complex(-inf, 2)
+    x[2] = complex(nan, 0)
+    got = torch.logaddexp(x.to(DEV), y.to(DEV)).cpu()
+    torch.testing.assert_close(got, torch.logaddexp(x, y), equal_nan=True)
