@@ -163,6 +163,12 @@ def _bn_train(input, weight, bias, running_mean, running_var, momentum, eps):
     mean = jnp.mean(x, axis=axes)
     var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=axes)
     invstd = lax.rsqrt(var + eps)
+    if input.dtype in (jnp.float16, jnp.bfloat16) and (weight is None or weight.dtype == input.dtype):
+        # CPU stores mean/invstd in the half type (its saved outputs) and normalizes with
+        # those rounded values; reduce_precision keeps that rounding (XLA drops cast pairs).
+        info = jnp.finfo(input.dtype)
+        mean = lax.reduce_precision(mean, info.nexp, info.nmant)
+        invstd = lax.reduce_precision(invstd, info.nexp, info.nmant)
     out = (x - mean.reshape(shape)) * invstd.reshape(shape)
     if weight is not None:
         out = out * _opmath(weight).reshape(shape)
@@ -191,7 +197,22 @@ def _bn_eval(input, weight, bias, running_mean, running_var, eps):
     return out, mean, invstd
 
 
-@lowers(aten._native_batch_norm_legit.default)
+def _bn_stats_meta(op):
+    """PyTorch's meta kernel reports float32 saved mean/invstd for half inputs (CUDA's
+    choice); CPU keeps them in the input dtype unless the parameters are float32."""
+
+    def meta(input, weight, bias, *rest):
+        outs = list(op(input, weight, bias, *rest))
+        params = [t for t in (weight, bias) if t is not None]
+        dtype = params[0].dtype if params and params[0].dtype != input.dtype else input.dtype
+        outs[1], outs[2] = outs[1].to(dtype), outs[2].to(dtype)
+        return tuple(outs)
+
+    return meta
+
+
+@lowers(aten._native_batch_norm_legit.default,
+        meta=_bn_stats_meta(aten._native_batch_norm_legit.default))
 def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training,
                             momentum, eps):
     if training:
@@ -202,7 +223,17 @@ def native_batch_norm_legit(input, weight, bias, running_mean, running_var, trai
     return out, mean, invstd, running_mean, running_var
 
 
-@lowers(aten._native_batch_norm_legit.no_stats)
+@lowers(aten._batch_norm_with_update.default,
+        meta=_bn_stats_meta(aten._batch_norm_with_update.default))
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, new_mean, new_var = _bn_train(
+        input, weight, bias, running_mean, running_var, momentum, eps)
+    reserve = jnp.zeros((0,), jnp.uint8)
+    return out, mean, invstd, reserve, new_mean, new_var
+
+
+@lowers(aten._native_batch_norm_legit.no_stats,
+        meta=_bn_stats_meta(aten._native_batch_norm_legit.no_stats))
 def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
     out, mean, invstd, _, _ = _bn_train(input, weight, bias, None, None, momentum, eps)
     return out, mean, invstd
