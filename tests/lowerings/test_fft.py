@@ -146,3 +146,29 @@ def test_stft_istft():
     zc = torch.istft(yc.detach(), n_fft=10, window=window, length=60)
     zd = torch.istft(yd.detach(), n_fft=10, window=_on_device(window), length=60)
     _assert_same(zd, zc)
+
+
+def test_expanded_input_layouts():
+    """Ties between stride-0 batch dimensions are ordered as CPU's std::partition leaves them."""
+    aten = torch.ops.aten
+    base = _data((7, 1, 1), torch.complex128)
+    x, xd = base.expand(7, 4, 5), _on_device(base).expand(7, 4, 5)
+    _assert_same(aten._fft_c2c(xd, [0], 0, True), aten._fft_c2c(x, [0], 0, True))
+    base = _data((1, 4, 1, 1), torch.float64)
+    x, xd = base.expand(3, 4, 5, 6), _on_device(base).expand(3, 4, 5, 6)
+    _assert_same(aten._fft_r2c(xd, [1], 0, True), aten._fft_r2c(x, [1], 0, True))
+    _assert_same(aten._fft_c2r(xd.to(torch.complex128), [3, 1], 0, 6),
+                 aten._fft_c2r(x.to(torch.complex128), [3, 1], 0, 6))
+
+
+def test_empty_input_raises_like_cpu():
+    """CPU (MKL) refuses to transform an empty batch; a clone for no dimensions is fine."""
+    aten = torch.ops.aten
+    x = torch.empty(0, 6, dtype=torch.complex64)
+    with pytest.raises(RuntimeError):
+        aten._fft_c2c(x, [1], 0, True)
+    with pytest.raises(RuntimeError):
+        aten._fft_c2c(x.to(DEV), [1], 0, True)
+    with pytest.raises(RuntimeError):
+        torch.fft.rfft(torch.empty(0, 6, device=DEV))
+    assert aten._fft_c2c(x.to(DEV), [], 0, True).shape == (0, 6)

@@ -35,11 +35,14 @@ def _scale(x, normalization: int, signal_numel: int):
     return x * jnp.asarray(factor, dtype=x.real.dtype)
 
 
-def _check_dtype(x) -> None:
-    """CPU's kernels transform float32/float64 (complex64/complex128) only."""
+def _check_input(x) -> None:
+    """What CPU's kernels refuse: half-precision dtypes, and empty inputs (MKL fails to plan
+    a transform with a zero-sized batch or signal)."""
     if x.dtype in (jnp.float16, jnp.bfloat16):
         name = "Half" if x.dtype == jnp.float16 else "BFloat16"
         raise RuntimeError(f"MKL FFT doesn't support tensors of type: {name}")
+    if x.size == 0:
+        raise RuntimeError("MKL FFT error: Intel oneMKL DFTI ERROR: Inconsistent configuration parameters")
 
 
 def _wrap(dim: Sequence[int], ndim: int) -> list[int]:
@@ -55,7 +58,9 @@ def _exec_fft_strides(in_strides: Sequence[int], out_sizes: Sequence[int], dims:
     by decreasing input stride, are collapsed outermost; the transformed dimensions follow
     innermost, contiguous, in the order of `dims`."""
     ndim = len(out_sizes)
-    batch = [d for d in range(ndim) if d not in dims]
+    batch = _partition(list(range(ndim)), lambda d: d not in dims)
+    # std::sort of so few elements is an insertion sort: stable, like Python's (ties are
+    # dimensions of stride 0, e.g. expanded ones).
     batch.sort(key=lambda d: in_strides[d], reverse=True)
     order = batch + list(dims)  # outermost first
     strides = [0] * ndim
@@ -64,6 +69,25 @@ def _exec_fft_strides(in_strides: Sequence[int], out_sizes: Sequence[int], dims:
         strides[d] = step
         step *= out_sizes[d]
     return tuple(strides)
+
+
+def _partition(items: list[int], pred) -> list[int]:
+    """The elements `pred` holds for, in the order libstdc++'s (unstable) std::partition
+    leaves them: it swaps the first failing element from the left with the last passing one
+    from the right, repeatedly."""
+    first, last = 0, len(items)
+    while True:
+        while first != last and pred(items[first]):
+            first += 1
+        if first == last:
+            return items[:first]
+        last -= 1
+        while first != last and not pred(items[last]):
+            last -= 1
+        if first == last:
+            return items[:first]
+        items[first], items[last] = items[last], items[first]
+        first += 1
 
 
 def _sorted_dims(in_strides: Sequence[int], dims: Sequence[int], keep_last: bool = False) -> list[int]:
@@ -113,9 +137,9 @@ def _meta_c2r(self, dim, normalization, last_dim_size):
 
 @lowers(aten._fft_c2c.default, meta=_meta_c2c)
 def fft_c2c(self, dim: list[int], normalization: int, forward: bool):
-    _check_dtype(self)
-    if not dim:
+    if not dim:  # CPU clones the input before any check
         return self
+    _check_input(self)
     dims = _wrap(dim, self.ndim)
     numel = math.prod(self.shape[d] for d in dims)
     if forward:
@@ -127,7 +151,7 @@ def fft_c2c(self, dim: list[int], normalization: int, forward: bool):
 
 @lowers(aten._fft_r2c.default, meta=_meta_r2c)
 def fft_r2c(self, dim: list[int], normalization: int, onesided: bool):
-    _check_dtype(self)
+    _check_input(self)
     dims = _wrap(dim, self.ndim)
     numel = math.prod(self.shape[d] for d in dims)
     if onesided:
@@ -140,7 +164,7 @@ def fft_r2c(self, dim: list[int], normalization: int, onesided: bool):
 
 @lowers(aten._fft_c2r.default, meta=_meta_c2r)
 def fft_c2r(self, dim: list[int], normalization: int, last_dim_size: int):
-    _check_dtype(self)
+    _check_input(self)
     dims = _wrap(dim, self.ndim)
     sizes = [self.shape[d] for d in dims[:-1]] + [last_dim_size]
     # Like CPU: an inverse c2c transform over all but the last dimension, then a 1-D c2r
