@@ -125,6 +125,27 @@ class _Sample:
         self.input, self.args, self.kwargs = input, args, kwargs
 
 
+def copy_layout(x: torch.Tensor, device, shared: dict | None = None) -> torch.Tensor:
+    """A copy of `x` on `device` with x's exact sizes, strides and storage offset.
+
+    `Tensor.to`/`clone` make non-dense inputs contiguous and break aliasing, so OpInfos'
+    noncontiguous samples and `out=` error inputs that overlap an input would reach the
+    device as plain separate tensors. Tensors that share a CPU storage (recorded in `shared`)
+    get views of one copied storage, as they alias on CPU."""
+    x = x.detach()
+    if x.layout != torch.strided or x.is_conj() or x.is_neg() or x.numel() == 0:
+        return x.to(device) if x.device != torch.device(device) else x.clone()
+    storage = x.untyped_storage()
+    key = (storage.data_ptr(), x.dtype)
+    flat = None if shared is None else shared.get(key)
+    if flat is None:
+        n = storage.nbytes() // x.element_size()
+        flat = torch.empty(0, dtype=x.dtype).set_(storage, 0, (n,)).to(device, copy=True)
+        if shared is not None:
+            shared[key] = flat
+    return flat.as_strided(x.shape, x.stride(), x.storage_offset())
+
+
 def to_device(tree: Any, grad: bool = False) -> Any:
     if hasattr(tree, "sample_input") or type(tree).__name__ == "SampleInput":
         moved = to_device((tree.input, tuple(tree.args), dict(tree.kwargs)), grad)
@@ -134,9 +155,11 @@ def to_device(tree: Any, grad: bool = False) -> Any:
         args = tuple(DEV if a == "cpu" and isinstance(a, str) else a for a in moved[1])
         return _Sample(moved[0], args, kwargs)
 
+    shared: dict = {}
+
     def move(x):
         if isinstance(x, torch.Tensor):
-            y = x.detach().to(DEV)
+            y = copy_layout(x, DEV, shared)
             if grad and x.requires_grad:
                 y.requires_grad_(True)
             return y
@@ -148,9 +171,11 @@ def to_device(tree: Any, grad: bool = False) -> Any:
 
 
 def clone_cpu(tree: Any, grad: bool = False) -> Any:
+    shared: dict = {}
+
     def c(x):
         if isinstance(x, torch.Tensor):
-            y = x.detach().clone()
+            y = copy_layout(x, "cpu", shared)
             if grad and x.requires_grad:
                 y.requires_grad_(True)
             return y
