@@ -327,9 +327,66 @@ def _has_ties(sample) -> bool:
         return True
 
 
+# The float64 reference rule (as PyTorch's own reference tests do it): when a low-precision
+# result is not close to CPU's, both are compared with the same computation in float64; a
+# neuron result that is at least as close to it as CPU's is not wrong, only rounded
+# differently. Counted separately in the report ("closer_to_float64").
+PRECISE = {torch.float32: torch.float64, torch.float16: torch.float64,
+           torch.bfloat16: torch.float64, torch.complex64: torch.complex128}
+
+
+def to_precise(tree: Any) -> Any:
+    """`tree` with its low-precision floating tensors upcast (CPU), grad leaves kept."""
+
+    def up(x):
+        if isinstance(x, torch.Tensor) and x.dtype in PRECISE:
+            y = x.detach().to(PRECISE[x.dtype])
+            if x.requires_grad:
+                y.requires_grad_(True)
+            return y
+        return x
+
+    return pytree.tree_map(up, tree)
+
+
+def closer_to_reference(cpu_out: Any, dev_out: Any, ref_out: Any) -> bool:
+    """True when every floating output of dev_out is at least as close (summed absolute error
+    over the finite elements) to ref_out as cpu_out is, with the same non-finite values."""
+    a, b, r = _leaves(cpu_out), _leaves(dev_out), _leaves(ref_out)
+    if not (len(a) == len(b) == len(r)):
+        return False
+    for x, y, z in zip(a, b, r):
+        if not isinstance(x, torch.Tensor):
+            if x != y and not (isinstance(x, float) and math.isnan(x) and math.isnan(y)):
+                return False
+            continue
+        if not isinstance(z, torch.Tensor) or x.shape != y.shape or x.shape != z.shape:
+            return False
+        xc, yc = x.detach(), y.detach().cpu()
+        if not (xc.is_floating_point() or xc.is_complex()):
+            if not torch.equal(xc, yc):
+                return False
+            continue
+        wide = z.dtype if z.dtype.is_complex or not xc.is_complex() else torch.complex128
+        xc, yc, zc = xc.to(wide), yc.to(wide), z.detach().to(wide)
+        fx, fy = torch.isfinite(xc), torch.isfinite(yc)
+        if not torch.equal(fx, fy):
+            return False
+        if not torch.equal(torch.nan_to_num(xc[~fx], nan=0.5), torch.nan_to_num(yc[~fy], nan=0.5)):
+            return False
+        m = fx & torch.isfinite(zc)
+        err_dev = (yc - zc).abs()[m].sum().item()
+        err_cpu = (xc - zc).abs()[m].sum().item()
+        if err_dev > err_cpu:
+            return False
+    return True
+
+
 def _run_pair(acc: _Acc, cpu_fn, dev_fn, desc: str, rtol, atol, strides=True,
-              ties=False, values=True) -> None:
-    """cpu_fn() and dev_fn() each return a result to compare; classify the sample."""
+              ties=False, values=True, ref_fn=None) -> None:
+    """cpu_fn() and dev_fn() each return a result to compare; classify the sample.
+
+    ref_fn: the CPU computation in float64, for the float64 reference rule (PRECISE)."""
     cpu_err = dev_err = None
     cpu_out = dev_out = None
     try:
@@ -347,6 +404,17 @@ def _run_pair(acc: _Acc, cpu_fn, dev_fn, desc: str, rtol, atol, strides=True,
         raise
     except Mismatch as m:
         acc.paths()
+        if m.kind == "mismatch" and ref_fn is not None and "are not close" in str(m):
+            try:
+                closer = closer_to_reference(cpu_out, dev_out, ref_fn())
+            except OpTimeout:
+                raise
+            except Exception:  # noqa: BLE001  (no float64 version of the sample)
+                closer = False
+            if closer:
+                acc.rec["closer_to_float64"] = acc.rec.get("closer_to_float64", 0) + 1
+                acc.add("pass")
+                return
         acc.add(m.kind, f"{desc}: {m}")
         return
     except Exception as err:  # noqa: BLE001
@@ -383,6 +451,18 @@ def _random_sample(op, s) -> bool:
         s.kwargs.get("training"))
 
 
+def _precise_call(op, s, dtype):
+    """The sample computed on CPU in float64, or None when dtype has no wider twin."""
+    if dtype not in PRECISE:
+        return None
+
+    def call():
+        x, a, k = to_precise(clone_cpu((s.input, tuple(s.args), dict(s.kwargs))))
+        return op(x, *a, **k)
+
+    return call
+
+
 def check_forward(op, dtype) -> dict:
     acc = _Acc(op_id(op), "forward", dtype_name(dtype))
     rtol, atol = tolerances(op, dtype)
@@ -394,7 +474,7 @@ def check_forward(op, dtype) -> dict:
         _run_pair(acc, lambda s=s: op(s.input, *s.args, **s.kwargs),
                   lambda d=d: op(d.input, *d.args, **d.kwargs), _describe(s), rtol, atol,
                   ties=op.name in TIE_OPS and _has_ties(s),
-                  values=op.name not in UNSPECIFIED_VALUES)
+                  values=op.name not in UNSPECIFIED_VALUES, ref_fn=_precise_call(op, s, dtype))
     return acc.done()
 
 
@@ -429,8 +509,10 @@ def check_out(op, dtype) -> dict:
                     raise Mismatch("mismatch", "out=: the returned tensor is not `out`")
             return ret, out
 
+        ref = _precise_call(op, s, dtype)
         _run_pair(acc, cpu_fn, dev_fn, _describe(s), rtol, atol,
-                  ties=op.name in TIE_OPS and _has_ties(s))
+                  ties=op.name in TIE_OPS and _has_ties(s),
+                  ref_fn=ref and (lambda ref=ref: (r := ref(), r)))
     return acc.done()
 
 
@@ -463,8 +545,11 @@ def _grad_leaves(tree) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def _grads(fn, inputs, cotangent_seed=1) -> tuple:
-    """Outputs of fn(inputs) and the gradients of <outputs, fixed random cotangents>."""
+def _grads(fn, inputs, cotangent_seed=1, cot_dtype=None) -> tuple:
+    """Outputs of fn(inputs) and the gradients of <outputs, fixed random cotangents>.
+
+    cot_dtype: draw the cotangents in this (real/complex-matched) dtype, then cast, so a
+    float64 reference run sees the float32 run's cotangents."""
     leaves = _grad_leaves(inputs)
     outs = fn(inputs)
     flat = [o for o in _leaves(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -473,7 +558,12 @@ def _grads(fn, inputs, cotangent_seed=1) -> tuple:
     gen = torch.Generator().manual_seed(cotangent_seed)
     cots = []
     for o in flat:
-        c = torch.randn(o.shape, generator=gen, dtype=o.dtype if not o.dtype.is_complex else o.dtype)
+        draw = o.dtype
+        if cot_dtype is not None and o.dtype == torch.float64:
+            draw = cot_dtype if not cot_dtype.is_complex else torch.float32
+        elif cot_dtype is not None and o.dtype == torch.complex128:
+            draw = torch.complex64
+        c = torch.randn(o.shape, generator=gen, dtype=draw).to(o.dtype)
         cots.append(c.to(o.device))
     grads = torch.autograd.grad(flat, leaves, cots, allow_unused=True)
     return outs, grads
@@ -492,8 +582,12 @@ def check_grad(op, dtype) -> dict:
             x, a, k = inp
             return s.output_process_fn_grad(op(x, *a, **k))
 
+        ref_fn = None
+        if dtype in PRECISE:
+            ref_in = to_precise(cpu_in)
+            ref_fn = lambda r=ref_in: _grads(call, r, cot_dtype=dtype)[1]  # noqa: E731
         _run_pair(acc, lambda c=cpu_in: _grads(call, c)[1], lambda d=dev_in: _grads(call, d)[1],
-                  _describe(s), rtol, atol, strides=False)
+                  _describe(s), rtol, atol, strides=False, ref_fn=ref_fn)
     return acc.done()
 
 

@@ -363,6 +363,7 @@ def report(args) -> int:
         fam["total"][kind] += 1
 
     silent = [r for r in records if r["status"] in harness.SILENT]
+    closer = [r for r in records if r.get("closer_to_float64")]
     # Gaps: what keeps the most OpInfos from passing.
     gap_ops: dict[str, set] = collections.defaultdict(set)
     for r in records:
@@ -404,6 +405,9 @@ def report(args) -> int:
         f"{all_pass} / {all_ops} = {_pct(all_pass, all_ops)} |",
         f"| same, natively | {all_native} / {all_ops} = {_pct(all_native, all_ops)} |",
         f"| silent mismatches (op, variant, dtype) | {len(silent)} |",
+        f"| records passing by the float64 reference rule (neuron at least as close to a "
+        f"float64 computation as CPU; harness.PRECISE) | {len(closer)} "
+        f"({sum(r['closer_to_float64'] for r in closer)} samples) |",
         f"| error_inputs: neuron raises where CPU raises | {err_raised} / {err_cases} = "
         f"{_pct(err_raised, err_cases)} (same exception type: {_pct(err_same, err_cases)}) |",
         f"| float32 gradients match CPU (OpInfos with autograd) | {grad_pass} / {grad_ops} = "
@@ -437,6 +441,14 @@ def report(args) -> int:
         lines.append("None.")
     for r in sorted(silent, key=lambda r: (r["op"], r["variant"], r["dtype"])):
         lines.append(f"- `{r['op']}` {r['variant']} {r['dtype']}: {r['detail'][:260]}")
+    lines += ["", "## Passing by the float64 reference rule", "",
+              "Low-precision results not within tolerance of CPU's, but at least as close as",
+              "CPU's to the same computation in float64 (PyTorch's reference tests use this rule).",
+              ""]
+    if not closer:
+        lines.append("None.")
+    for r in sorted(closer, key=lambda r: (r["op"], r["variant"], r["dtype"])):
+        lines.append(f"- `{r['op']}` {r['variant']} {r['dtype']}: {r['closer_to_float64']} sample(s)")
     lines.append("")
     if args.coverage:
         COVERAGE.write_text("\n".join(lines))
