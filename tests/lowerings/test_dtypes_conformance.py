@@ -136,3 +136,26 @@ def test_complex_logaddexp_branch(dtype):
     x[2] = complex(nan, 0)
     got = torch.logaddexp(x.to(DEV), y.to(DEV)).cpu()
     torch.testing.assert_close(got, torch.logaddexp(x, y), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("eps", [None, 0.2, 1e-3])
+def test_half_logit_rounds_each_step_like_cpu(dtype, eps):
+    # CPU's logit kernel runs in the half type (eps, 1 - eps, 1 - x, the division and the log
+    # each round to it); float32 opmath or XLA's half arithmetic differ on thousands of values.
+    x = _every_half(dtype)
+    x_dev = x.to(DEV)
+    torch.testing.assert_close(torch.logit(x_dev, eps).cpu(), torch.logit(x, eps),
+                               equal_nan=True, atol=0, rtol=0)
+    y = x_dev.clone()
+    y.logit_(eps)
+    torch.testing.assert_close(y.cpu(), torch.logit(x, eps), equal_nan=True, atol=0, rtol=0)
+    assert_native("aten.logit.default")
+
+
+def test_integer_logit_inplace_raises_like_cpu(monkeypatch):
+    monkeypatch.delenv("TORCHNEURON_STRICT")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.ones(3, dtype=torch.int32, device=DEV).logit_()
+    torch.testing.assert_close(torch.logit(torch.arange(3, device=DEV)).cpu(),
+                               torch.logit(torch.arange(3)), equal_nan=True)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from .registry import lowered_only_when
 from .registry import lowers as _register
 
 aten = torch.ops.aten
@@ -182,6 +183,36 @@ def isfinite(x):
 def logical_not(x):
     return jnp.logical_not(x)
 
+
+
+@_register(aten.logit.default, static=("eps",))
+def logit(self, eps=None):
+    # CPU's logit kernel computes in the tensor's own type: for half/bfloat16 every step
+    # (1 - x, the division, the log) rounds to that type, eps is rounded to it and the upper
+    # clamp bound is 1 - eps in that type. Each step below is computed in float32 (exact for
+    # the subtraction, correctly rounded for the division) and rounded, which reproduces it.
+    # (No promote=: it would hand half tensors over already in float32.)
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        self = self.astype(jnp.float32)  # integers and bool: the default float type
+    dtype = self.dtype
+    wide = jnp.float32 if dtype in _HALF else dtype
+
+    def step(v):
+        return v.astype(dtype)
+
+    x = self
+    if eps is not None and eps >= 0:  # None, a negative or a NaN eps: no clamp
+        lo = jnp.asarray(eps, dtype)
+        hi = step(1 - lo.astype(wide))
+        x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+    denominator = step(1 - x.astype(wide))
+    ratio = step(x.astype(wide) / denominator.astype(wide))
+    return step(jnp.log(ratio.astype(wide)))
+
+
+# logit_ on an integer/bool tensor cannot store its float result: CPU raises, PyTorch's meta
+# kernel does not check, so those calls go to CPU's kernel (which raises).
+lowered_only_when(lambda a: a["self"].is_floating_point(), aten.logit_.default)
 
 # ---- binary arithmetic -----------------------------------------------------------------
 

@@ -155,8 +155,9 @@ class OpPlan:
             # reflection_pad1d_backward.grad_input): run it as the functional op's out variant.
             self.decomposition = None
         # The lowering (own or functional twin's) is used only for some calls (registry.LIMITS).
-        self.limited = (self.lowering is not None and op in LIMITS) or (
-            self.functional is not None and self.functional in LIMITS)
+        # A limit on an in-place/out= overload itself applies to it alone (e.g. an in-place
+        # variant whose result dtype cannot be written back, where PyTorch's meta misses it).
+        self.limited = op in LIMITS or (self.functional is not None and self.functional in LIMITS)
         self.cache: dict[tuple, Callable] = {}
         # In-place/out= variants run the functional lowering: its static arguments (e.g.
         # vector_norm's `ord`) must reach it as Python values here too.
@@ -877,7 +878,7 @@ def _neuron_op(op: OpOverload, *args, **kwargs) -> Any:
     if plan.mutated:
         _check_write_overlap(plan, args, kwargs)
     if plan.limited and not lowering_applies(
-        plan.functional or op, dict(zip(plan.arg_names, plan.bind(args, kwargs)))
+        op if op in LIMITS else plan.functional or op, dict(zip(plan.arg_names, plan.bind(args, kwargs)))
     ):
         # The lowering covers only some modes of this op (registry.LIMITS): not this call's.
         return _cpu_fallback(plan, args, kwargs)
