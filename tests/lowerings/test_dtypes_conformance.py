@@ -159,3 +159,42 @@ def test_integer_logit_inplace_raises_like_cpu(monkeypatch):
         torch.ones(3, dtype=torch.int32, device=DEV).logit_()
     torch.testing.assert_close(torch.logit(torch.arange(3, device=DEV)).cpu(),
                                torch.logit(torch.arange(3)), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", INTS)
+@pytest.mark.parametrize("op", ["addmm", "baddbmm", "addbmm", "addmv"])
+def test_integer_blas_truncates_alpha_beta(op, dtype):
+    # CPU converts alpha/beta to the integer type (0.2 -> 0, 2.9 -> 2) and wraps the sum; a
+    # float beta must not promote the computation to float32 (which saturated on the way back).
+    shapes = {"addmm": ((5, 3), (5, 10), (10, 3)), "baddbmm": ((2, 5, 3), (2, 5, 10), (2, 10, 3)),
+              "addbmm": ((5, 3), (2, 5, 10), (2, 10, 3)), "addmv": ((5,), (5, 10), (10,))}[op]
+    torch.manual_seed(0)
+    args = [torch.randint(0, 9, s, dtype=dtype) for s in shapes]
+    fn = getattr(torch, op)
+    for beta, alpha in ((0.2, 0.6), (1.7, 2.9), (3, -2) if dtype != torch.uint8 else (3, 2)):
+        got = fn(*[a.to(DEV) for a in args], beta=beta, alpha=alpha).cpu()
+        assert torch.equal(got, fn(*args, beta=beta, alpha=alpha)), (beta, alpha)
+    assert_native(f"aten.{op}.default")
+
+
+def test_integer_blas_out_of_range_scalar_raises_like_cpu(monkeypatch):
+    monkeypatch.delenv("TORCHNEURON_STRICT")
+    args = [torch.ones(s, dtype=torch.uint8, device=DEV) for s in ((5,), (5, 10), (10,))]
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.addmv(*args, beta=-1.5)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_addr_and_addbmm_round_like_cpu(dtype):
+    # addr rounds alpha, beta and every step to the half type; addbmm rounds the running sum
+    # after each batch (one addmm per batch).
+    torch.manual_seed(0)
+    s, u, v = torch.randn(50, 60, dtype=dtype), torch.randn(50, dtype=dtype), torch.randn(60, dtype=dtype)
+    for beta, alpha in ((0.2, 0.6), (1.7, 2.9), (0, 1)):
+        got = torch.addr(s.to(DEV), u.to(DEV), v.to(DEV), beta=beta, alpha=alpha).cpu()
+        assert torch.equal(got, torch.addr(s, u, v, beta=beta, alpha=alpha)), (beta, alpha)
+    b, x, y = torch.randn(5, 3, dtype=dtype), torch.randn(4, 5, 10, dtype=dtype), torch.randn(4, 10, 3, dtype=dtype)
+    for beta, alpha in ((0.2, 0.6), (0, 1), (1, 1)):
+        got = torch.addbmm(b.to(DEV), x.to(DEV), y.to(DEV), beta=beta, alpha=alpha).cpu()
+        assert torch.equal(got, torch.addbmm(b, x, y, beta=beta, alpha=alpha)), (beta, alpha)
+    assert_native("aten.addr.default", "aten.addbmm.default")

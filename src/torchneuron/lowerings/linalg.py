@@ -38,9 +38,15 @@ def matmul(x, y):
     return _matmul(x, y)
 
 
-@lowers(aten.dot.default, aten.vdot.default, promote=DEFAULT)
+@lowers(aten.dot.default, promote=DEFAULT)
 def dot(x, y):
     return jnp.dot(x, y, precision=_PRECISION)
+
+
+@lowers(aten.vdot.default, promote=DEFAULT)
+def vdot(x, y):
+    # vdot conjugates its first argument (sum(conj(x) * y)); dot does not.
+    return jnp.dot(jnp.conj(x), y, precision=_PRECISION)
 
 
 @lowers(aten.mv.default, promote=DEFAULT)
@@ -48,7 +54,29 @@ def mv(x, v):
     return _matmul(x, v)
 
 
+def _integral_scalar(value, dtype):
+    """`value` as CPU's integer/bool kernels use it: converted to the tensor type (truncated)."""
+    if isinstance(value, bool | int | float):
+        return bool(value) if dtype == jnp.bool_ else int(value)
+    return jnp.asarray(value).astype(dtype)
+
+
+def _tensor_math(*arrays):
+    """The arrays in their common type, half/bfloat16 widened to float32 (CPU's kernels
+    accumulate these in float32 and round once). Used instead of `promote=` by the ops with
+    alpha/beta: promotion would count those scalars (a float beta would turn integer
+    matrices into float32 ones, whereas CPU truncates beta to the integer type)."""
+    dtype = jnp.result_type(*arrays)
+    if dtype in (jnp.float16, jnp.bfloat16):
+        dtype = jnp.dtype(jnp.float32)
+    return [a.astype(dtype) for a in arrays]
+
+
 def _scaled_sum(bias, product, beta, alpha):
+    if not jnp.issubdtype(product.dtype, jnp.inexact):
+        # CPU converts alpha and beta to the integer type first: beta=0.2 becomes 0 (input
+        # ignored), alpha=0.6 becomes 0.
+        beta, alpha = _integral_scalar(beta, product.dtype), _integral_scalar(alpha, product.dtype)
     scaled = product if _is_number(alpha, 1) else product * alpha
     if _is_number(beta, 0):
         # PyTorch ignores `input` entirely when beta == 0 (NaN in it must not propagate).
@@ -66,29 +94,83 @@ def _is_number(value, number) -> bool:
     return isinstance(value, int | float) and value == number
 
 
-@lowers(aten.addmm.default, promote=DEFAULT)
+@lowers(aten.addmm.default)
 def addmm(bias, x, y, *, beta=1, alpha=1):
+    bias, x, y = _tensor_math(bias, x, y)
     return _scaled_sum(bias, _matmul(x, y), beta, alpha)
 
 
-@lowers(aten.baddbmm.default, promote=DEFAULT)
+@lowers(aten.baddbmm.default)
 def baddbmm(bias, x, y, *, beta=1, alpha=1):
+    bias, x, y = _tensor_math(bias, x, y)
     return _scaled_sum(bias, _matmul(x, y), beta, alpha)
 
 
-@lowers(aten.addbmm.default, promote=DEFAULT)
+@lowers(aten.addbmm.default)
 def addbmm(bias, x, y, *, beta=1, alpha=1):
+    dtype = jnp.result_type(bias, x, y)
+    if dtype in (jnp.float16, jnp.bfloat16) and x.shape[0] > 0:
+        # CPU adds the batches one addmm at a time, so the running sum is rounded to the half
+        # type after each batch (each addmm itself accumulates in float32).
+        products = _matmul(x.astype(jnp.float32), y.astype(jnp.float32))
+        total = jnp.broadcast_to(bias, products.shape[1:]).astype(jnp.float32)
+        for i in range(x.shape[0]):
+            total = _scaled_sum(total, products[i], beta if i == 0 else 1, alpha)
+            total = total.astype(dtype).astype(jnp.float32)
+        return total.astype(dtype)
+    bias, x, y = _tensor_math(bias, x, y)
     return _scaled_sum(bias, jnp.sum(_matmul(x, y), axis=0), beta, alpha)
 
 
-@lowers(aten.addmv.default, promote=DEFAULT)
+@lowers(aten.addmv.default)
 def addmv(bias, x, v, *, beta=1, alpha=1):
+    bias, x, v = _tensor_math(bias, x, v)
     return _scaled_sum(bias, _matmul(x, v), beta, alpha)
 
 
-@lowers(aten.addr.default, promote=DEFAULT)
+@lowers(aten.addr.default)
 def addr(bias, u, v, *, beta=1, alpha=1):
+    dtype = jnp.result_type(bias, u, v)
+    if dtype in (jnp.float16, jnp.bfloat16):
+        return _half_addr(bias, u, v, beta, alpha, dtype)
+    bias, u, v = _tensor_math(bias, u, v)
     return _scaled_sum(bias, jnp.outer(u, v), beta, alpha)
+
+
+def _half_addr(bias, u, v, beta, alpha, dtype):
+    # CPU's addr kernel runs half/bfloat16 in the type itself: alpha and beta are rounded to
+    # it, and so is every step of beta*self + (alpha*u_i)*v_j. Each step is computed in
+    # float32 (exact or correctly rounded for one product or sum) and rounded.
+    def rounded(x):
+        return x.astype(dtype).astype(jnp.float32)
+
+    a, b = rounded(jnp.asarray(alpha)), rounded(jnp.asarray(beta))
+    u, v, bias = u.astype(jnp.float32), v.astype(jnp.float32), bias.astype(jnp.float32)
+    product = rounded(rounded(a * u)[:, None] * v[None, :])
+    if _is_number(beta, 0):
+        return jnp.broadcast_to(product, product.shape).astype(dtype)
+    total = rounded(rounded(b * bias) + product)
+    if not isinstance(beta, int | float):
+        total = jnp.where(beta == 0, product, total)  # input ignored when beta == 0
+    return total.astype(dtype)
+
+
+def _scalars_fit(arguments: dict) -> bool:
+    # For integer tensors CPU converts alpha/beta with an overflow check ("value cannot be
+    # converted to type uint8_t without overflow"): calls whose scalars fall outside the type's
+    # range go to CPU's kernel, which raises or wraps as it does.
+    dtype = arguments["self"].dtype
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return True
+    info = torch.iinfo(dtype)
+    return all(
+        not isinstance(v, int | float) or info.min <= v <= info.max
+        for v in (arguments.get("beta", 1), arguments.get("alpha", 1))
+    )
+
+
+lowered_only_when(_scalars_fit, aten.addmm.default, aten.baddbmm.default, aten.addbmm.default,
+                  aten.addmv.default, aten.addr.default)
 
 
 @lowers(aten.outer.default, promote=DEFAULT)
