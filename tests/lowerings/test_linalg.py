@@ -195,3 +195,25 @@ def test_vector_free_composites_and_their_grads_run_natively(name):
     torch.testing.assert_close(y_dev, y_cpu)
     torch.testing.assert_close(g_dev, g_cpu)
     assert not torchneuron.op_counts()["fallback"]
+
+
+@pytest.mark.usefixtures("strict")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.complex128])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.vdot,
+        torch.dot,
+        torch.inner,
+        torch.linalg.vecdot,
+        lambda x, y: torch.vdot(x.conj(), y),
+        lambda x, y: torch.dot(x, y.conj()),
+    ],
+)
+def test_complex_dot_products_conjugate_like_cpu(fn, dtype):
+    # vdot conjugates its first argument and dot does not (vdot once shared dot's lowering).
+    x, y = _randn(9, dtype=dtype, seed=1), _randn(9, dtype=dtype, seed=2)
+    _check(fn, x, y, tol=_tol(dtype))
+    out = torch.empty((), dtype=dtype, device=DEV)
+    torch.vdot(x.to(DEV), y.to(DEV), out=out)
+    torch.testing.assert_close(out.cpu(), torch.vdot(x, y), rtol=_tol(dtype), atol=_tol(dtype))
