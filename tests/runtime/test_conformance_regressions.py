@@ -3,6 +3,8 @@ compares the neuron device with CPU PyTorch on the sample that failed."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -256,3 +258,16 @@ def test_sparse_results_raise_clearly(monkeypatch) -> None:
     monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
     with pytest.raises(NotImplementedError, match="only strided tensors"):
         torch.randn(5, 5, device="neuron").to_sparse()
+
+
+def test_non_dense_results_keep_cpu_layout():
+    # lstsq's solution is a narrowed column-major buffer on CPU (non-dense strides); the
+    # neuron result has the same sizes, strides and values (it was re-laid out densely).
+    a, b = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    expected = torch.linalg.lstsq(a, b, driver="gels").solution
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = torch.linalg.lstsq(a.to("neuron"), b.to("neuron"), driver="gels").solution
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close((got * 2).cpu(), expected * 2)

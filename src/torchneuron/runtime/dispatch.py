@@ -703,6 +703,14 @@ def _cpu_to_new_neuron_strided(t: torch.Tensor) -> torch.Tensor:
     kernel's column-major result (linalg) stays column-major."""
     from .copy import cpu_to_new_neuron
 
+    if (t.numel() > 1 and not (t.is_conj() or t.is_neg())
+            and views.dense_permutation(tuple(t.shape), tuple(t.stride())) is None):
+        # Not dense (e.g. lstsq's solution, a narrowed column-major buffer): copy the whole
+        # storage and take the same view of it, so sizes, strides and offset are CPU's.
+        n = t.untyped_storage().nbytes() // t.element_size()
+        flat = cpu_to_new_neuron(torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,)))
+        return torch.empty(0, dtype=t.dtype, device=NEURON).set_(
+            flat.untyped_storage(), t.storage_offset(), t.shape, t.stride())
     stride = _dense_stride(t)
     if t.dim() <= 1 or stride == storage.contiguous_strides(t.shape):
         return cpu_to_new_neuron(t)
