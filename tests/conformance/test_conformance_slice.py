@@ -135,3 +135,23 @@ def test_harness_catches_a_wrong_value() -> None:
         harness.compare(a, column_major, 0, 0)
     assert info.value.kind == "stride"
     harness.compare(a, a.to("neuron"), 0, 0)
+
+
+def test_float64_reference_rule_only_accepts_results_at_least_as_close() -> None:
+    ref = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    cpu = torch.tensor([1.01, 2.0, 3.0])
+    assert harness.closer_to_reference(cpu, torch.tensor([1.0, 2.0, 3.005]).to("neuron"), ref)
+    assert not harness.closer_to_reference(cpu, torch.tensor([1.0, 2.02, 3.0]).to("neuron"), ref)
+    nan = torch.tensor([float("nan"), 2.0, 3.0])
+    assert not harness.closer_to_reference(cpu, nan.to("neuron"), ref)  # non-finite differs
+
+
+def test_samples_keep_layout_and_aliasing_on_the_device() -> None:
+    base = torch.arange(24.0).reshape(4, 6)
+    view, alias = base[:, ::2], base[1]
+    moved_view, moved_alias = harness.to_device((view, alias))
+    assert moved_view.stride() == view.stride() and moved_view.device.type == "neuron"
+    assert moved_view.untyped_storage().data_ptr() == moved_alias.untyped_storage().data_ptr()
+    torch.testing.assert_close(moved_alias.cpu(), alias)
+    expanded = harness.to_device(torch.zeros(1).expand(3))
+    assert expanded.stride() == (0,)
