@@ -10,6 +10,8 @@ import pytest
 import torch
 from lowering_checks import assert_native
 
+import torchneuron
+
 DEV = "neuron"
 HALF = [torch.float16, torch.bfloat16]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -198,3 +200,18 @@ def test_half_addr_and_addbmm_round_like_cpu(dtype):
         got = torch.addbmm(b.to(DEV), x.to(DEV), y.to(DEV), beta=beta, alpha=alpha).cpu()
         assert torch.equal(got, torch.addbmm(b, x, y, beta=beta, alpha=alpha)), (beta, alpha)
     assert_native("aten.addr.default", "aten.addbmm.default")
+
+
+def test_uint8_bilinear_runs_cpu_kernel(monkeypatch):
+    # CPU's uint8 bilinear kernel is fixed-point; the float lowering does not reproduce it, so
+    # uint8 calls go to CPU (values equal), float calls stay native.
+    monkeypatch.delenv("TORCHNEURON_STRICT")
+    torch.manual_seed(0)
+    x = torch.randint(0, 256, (2, 3, 40, 40), dtype=torch.uint8)
+    F = torch.nn.functional
+    for size in ((13, 17), (70, 90)):
+        got = F.interpolate(x.to(DEV), size=size, mode="bilinear", align_corners=False).cpu()
+        assert torch.equal(got, F.interpolate(x, size=size, mode="bilinear", align_corners=False))
+    torchneuron.reset_op_counts()
+    F.interpolate(x.float().to(DEV), size=(13, 17), mode="bilinear")
+    assert_native("aten.upsample_bilinear2d.default")

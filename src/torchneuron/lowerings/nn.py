@@ -18,7 +18,7 @@ import torch
 from jax import lax
 
 from .dtypes import to_jax_dtype
-from .registry import lowers
+from .registry import lowered_only_when, lowers
 
 aten = torch.ops.aten
 
@@ -1074,6 +1074,11 @@ def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_
     mats = _linear_mats(self.shape[-2:], list(output_size), align_corners,
                         [scales_h, scales_w], _ftype(self))
     return _apply_axis_matrices(_opmath(self), mats)
+
+
+# uint8 images: CPU runs a separate fixed-point kernel (integer weights, its own rounding) that
+# the float interpolation above does not reproduce; those calls run on CPU.
+lowered_only_when(lambda a: a["self"].dtype != torch.uint8, aten.upsample_bilinear2d.default)
 
 
 @lowers(aten.upsample_bilinear2d_backward.default, static=("scales_h", "scales_w"))
