@@ -215,3 +215,14 @@ def test_uint8_bilinear_runs_cpu_kernel(monkeypatch):
     torchneuron.reset_op_counts()
     F.interpolate(x.float().to(DEV), size=(13, 17), mode="bilinear")
     assert_native("aten.upsample_bilinear2d.default")
+
+
+def test_zero_tensor_gradient():
+    # sgn's derivative for real inputs is an efficient zero tensor: created natively, and a
+    # CPU ZeroTensor reaching the device (no storage) is read as zeros.
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    x_dev = x.detach().to(DEV).requires_grad_()
+    torch.sgn(x_dev).sum().backward()
+    assert torch.equal(x_dev.grad.cpu(), torch.zeros(6, dtype=torch.float64))
+    assert torch.equal(torch._efficientzerotensor(3, device="cpu").to(DEV).cpu(), torch.zeros(3))
+    assert_native("aten._efficientzerotensor.default")

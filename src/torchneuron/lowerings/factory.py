@@ -20,6 +20,12 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return jnp.full(tuple(size), fill_value, _dtype(dtype))
 
 
+@lowers(aten._efficientzerotensor.default, static=("size",))
+def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # Autograd's zero gradients (sgn's, ...): on this device an ordinary tensor of zeros.
+    return jnp.zeros(tuple(size), _dtype(dtype))
+
+
 @lowers(aten.scalar_tensor.default)
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s, _dtype(dtype))

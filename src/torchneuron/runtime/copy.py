@@ -73,6 +73,10 @@ def _strides_for(shape, memory_format) -> tuple[int, ...]:
 
 def _cpu_to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach().resolve_conj().resolve_neg()
+    if t._is_zerotensor():
+        # An efficient zero tensor (autograd's zero gradients, e.g. sgn's) has no storage to
+        # read: its value is zeros of its shape.
+        t = torch.zeros(t.shape, dtype=t.dtype)
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
