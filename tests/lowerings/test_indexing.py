@@ -471,3 +471,17 @@ def test_repeat_interleave_tensor_errors():
     for bad in (L(-1, 2), torch.tensor([[1, 2]])):
         raises_like_cpu(torch.repeat_interleave, bad)
     raises_like_cpu(lambda r: torch.repeat_interleave(r, output_size=5), L(1, 2))
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
+def test_scatter_reduce_bool_is_logical_like_cpu(reduce, include_self):
+    # CPU's bool sum/prod are logical or/and; JAX's scatter-add/multiply reject bool.
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(10, 5, generator=g) > 0.5
+    src = torch.rand(5, 5, generator=g) > 0.5
+    index = torch.randint(0, 10, (5, 5), generator=g)
+    cpu = x.scatter_reduce(0, index, src, reduce, include_self=include_self)
+    dev = x.to(DEV).scatter_reduce(0, index.to(DEV), src.to(DEV), reduce, include_self=include_self)
+    torch.testing.assert_close(dev.cpu(), cpu, rtol=0, atol=0)
+    assert_native("aten.scatter_reduce.two")

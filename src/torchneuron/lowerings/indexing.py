@@ -302,6 +302,12 @@ def _identity(dtype, reduce):
 def _scatter_reduce(x, coords, src, reduce, include_self):
     """`x` with `src` reduced into `x[coords]` (PyTorch's scatter_reduce semantics)."""
     src = src.astype(x.dtype)
+    if x.dtype == jnp.bool_ and reduce in ("sum", "prod"):
+        # bool sum/prod are logical or/and (CPU); JAX's scatter-add/multiply reject bool:
+        # reduce 0/1 in int32 (a product of 0/1 cannot overflow), then test for nonzero.
+        wide = _scatter_reduce(x.astype(jnp.int32), coords, src.astype(jnp.int32), reduce,
+                               include_self)
+        return wide != 0
     base = x if include_self else x.at[coords].set(_identity(x.dtype, reduce), mode="drop")
     ref = base.at[coords]
     if reduce in ("sum", "mean"):
