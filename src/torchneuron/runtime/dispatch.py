@@ -746,6 +746,11 @@ def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
                 # one borrowed from numpy) and the neuron tensor's layout, which out= kernels
                 # keep or restride (linalg kernels want column-major outputs).
                 cpu = torch.empty_strided(value.shape, _dense_stride(value), dtype=value.dtype).copy_(cpu)
+            elif value.dim() > 1 and _dense_stride(value) != storage.contiguous_strides(value.shape):
+                # An input in another dense layout (channels_last, column-major): CPU kernels
+                # choose their result's layout from their inputs' (upsampling keeps
+                # channels_last), so the CPU copy keeps it too.
+                cpu = torch.empty_strided(value.shape, _dense_stride(value), dtype=value.dtype).copy_(cpu)
             originals[id(cpu)] = value
             return cpu
         if isinstance(value, list | tuple):
