@@ -212,6 +212,8 @@ def test_uint8_bilinear_runs_cpu_kernel(monkeypatch):
     for size in ((13, 17), (70, 90)):
         got = F.interpolate(x.to(DEV), size=size, mode="bilinear", align_corners=False).cpu()
         assert torch.equal(got, F.interpolate(x, size=size, mode="bilinear", align_corners=False))
+        got = F.interpolate(x.to(DEV), size=size, mode="bicubic", align_corners=False).cpu()
+        assert torch.equal(got, F.interpolate(x, size=size, mode="bicubic", align_corners=False))
     # CPU keeps a channels_last input's layout: so does the CPU path here
     xc = x.contiguous(memory_format=torch.channels_last)
     got = F.interpolate(xc.to(DEV), size=(13, 17), mode="bilinear")

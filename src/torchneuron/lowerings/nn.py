@@ -1079,6 +1079,9 @@ def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_
 # uint8 images: CPU runs a separate fixed-point kernel (integer weights, its own rounding) that
 # the float interpolation above does not reproduce; those calls run on CPU.
 lowered_only_when(lambda a: a["self"].dtype != torch.uint8, aten.upsample_bilinear2d.default)
+# Likewise bicubic (not lowered: its decomposition's uint8 branch fails on a Python-int shift).
+lowered_only_when(lambda a: a["self"].dtype != torch.uint8, aten.upsample_bicubic2d.default,
+                  aten.upsample_bicubic2d.out)
 
 
 @lowers(aten.upsample_bilinear2d_backward.default, static=("scales_h", "scales_w"))
