@@ -232,3 +232,13 @@ def test_zero_tensor_gradient():
     assert torch.equal(x_dev.grad.cpu(), torch.zeros(6, dtype=torch.float64))
     assert torch.equal(torch._efficientzerotensor(3, device="cpu").to(DEV).cpu(), torch.zeros(3))
     assert_native("aten._efficientzerotensor.default")
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_cross_rounds_each_product(dtype):
+    # CPU's cross kernel rounds both products and their difference to the half type.
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 400, dtype=dtype), torch.randn(3, 400, dtype=dtype)
+    assert torch.equal(torch.linalg.cross(a.to(DEV), b.to(DEV), dim=0).cpu(), torch.linalg.cross(a, b, dim=0))
+    assert torch.equal(torch.cross(a.T.to(DEV), b.T.to(DEV), dim=1).cpu(), torch.cross(a.T, b.T, dim=1))
+    assert_native("aten.linalg_cross.default")

@@ -186,10 +186,21 @@ def addmm_activation(bias, x, y, *, beta=1, alpha=1, use_gelu=False):
     return jax.nn.gelu(out, approximate=True) if use_gelu else jnp.maximum(out, 0)
 
 
-@lowers(aten.linalg_cross.default, promote=DEFAULT)
+@lowers(aten.linalg_cross.default)
 def linalg_cross(x, y, *, dim=-1):
-    x, y = jnp.broadcast_arrays(x, y)
-    return jnp.cross(x, y, axis=dim)
+    dtype = jnp.result_type(x, y)
+    x, y = jnp.broadcast_arrays(x.astype(dtype), y.astype(dtype))
+    if dtype not in (jnp.float16, jnp.bfloat16):
+        return jnp.cross(x, y, axis=dim)
+    # CPU's cross kernel computes half/bfloat16 in the type itself: both products and their
+    # difference are rounded to it (XLA would keep the products in float32).
+    def rounded(v):
+        return v.astype(dtype).astype(jnp.float32)
+
+    x, y = jnp.moveaxis(x, dim, -1).astype(jnp.float32), jnp.moveaxis(y, dim, -1).astype(jnp.float32)
+    first, second = [1, 2, 0], [2, 0, 1]
+    result = rounded(rounded(x[..., first] * y[..., second]) - rounded(x[..., second] * y[..., first]))
+    return jnp.moveaxis(result, -1, dim).astype(dtype)
 
 
 @lowers(aten.tril.default)
