@@ -471,7 +471,7 @@ def _argsorted(op, s) -> torch.Tensor:
     dim = s.args[0] if s.args else s.kwargs.get("dim", -1)
     if s.input.dim() == 0:
         return idx
-    positions = torch.arange(s.input.shape[dim], device=idx.device)
+    positions = torch.arange(s.input.shape[dim]).to(idx.device)
     shape = [1] * s.input.dim()
     shape[dim] = -1
     if not torch.equal(idx.sort(dim=dim).values, positions.reshape(shape).expand_as(idx)):
