@@ -242,3 +242,25 @@ def test_half_cross_rounds_each_product(dtype):
     assert torch.equal(torch.linalg.cross(a.to(DEV), b.to(DEV), dim=0).cpu(), torch.linalg.cross(a, b, dim=0))
     assert torch.equal(torch.cross(a.T.to(DEV), b.T.to(DEV), dim=1).cpu(), torch.cross(a.T, b.T, dim=1))
     assert_native("aten.linalg_cross.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("training", [True, False])
+def test_native_batch_norm_out_like_cpu(monkeypatch, dtype, training):
+    # Half types and evaluation mode (CPU leaves save_mean/save_invstd empty) take CPU's kernel.
+    monkeypatch.delenv("TORCHNEURON_STRICT")
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 8, 8, dtype=dtype)
+    w, b, rm = (torch.randn(3, dtype=dtype) for _ in range(3))
+    rv = torch.rand(3, dtype=dtype)
+
+    def run(device):
+        outs = [torch.empty(0, dtype=dtype, device=device) for _ in range(3)]
+        args = [t.to(device) for t in (x, w, b, rm, rv)]
+        torch.ops.aten.native_batch_norm.out(*args, training, 0.1, 1e-5, out=outs[0],
+                                             save_mean=outs[1], save_invstd=outs[2])
+        return [o.cpu() for o in outs] + [args[3].cpu(), args[4].cpu()]
+
+    for got, expected in zip(run(DEV), run("cpu"), strict=True):
+        torch.testing.assert_close(got, expected, atol=0 if dtype != torch.float32 else None,
+                                   rtol=0 if dtype != torch.float32 else None)

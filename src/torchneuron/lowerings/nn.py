@@ -245,6 +245,13 @@ def native_batch_norm_legit_no_training(input, weight, bias, running_mean, runni
     return _bn_eval(input, weight, bias, running_mean, running_var, eps)
 
 
+# native_batch_norm.out runs its decomposition, which neither rounds half/bfloat16 as CPU's
+# kernel does nor leaves save_mean/save_invstd empty in evaluation mode as CPU does: those
+# calls run CPU's kernel.
+lowered_only_when(lambda a: a["training"] and a["input"].dtype in (torch.float32, torch.float64),
+                  aten.native_batch_norm.out)
+
+
 def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
                  train, eps, output_mask):
     g, x = _opmath(grad_out), _opmath(input)

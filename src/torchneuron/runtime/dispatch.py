@@ -718,6 +718,14 @@ def _cpu_to_new_neuron_strided(t: torch.Tensor) -> torch.Tensor:
     return out.copy_(t)
 
 
+# Arguments CPU kernels write although the schema does not mark them mutable: the CPU path
+# copies them back too (native_batch_norm updates its running statistics in place).
+_UNANNOTATED_WRITES = {
+    aten.native_batch_norm.default: ("running_mean", "running_var"),
+    aten.native_batch_norm.out: ("running_mean", "running_var"),
+}
+
+
 def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     name = plan.name
     if strict_mode():
@@ -735,7 +743,8 @@ def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     FALLBACK_COUNTS[name] += 1
     originals: dict[int, torch.Tensor] = {}
     bound = plan.bind(args, kwargs)
-    written = {id(t) for i in plan.mutated
+    mutated = plan.mutated + [plan.arg_names.index(n) for n in _UNANNOTATED_WRITES.get(plan.op, ())]
+    written = {id(t) for i in mutated
                for t in (bound[i] if isinstance(bound[i], list | tuple) else [bound[i]])}
 
     def convert(value):
@@ -764,7 +773,7 @@ def _cpu_fallback(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     result = plan.op(*cpu_args, **cpu_kwargs)
     # Write back what the op mutated.
     values_cpu = plan.bind(cpu_args, cpu_kwargs)
-    for i in plan.mutated:
+    for i in mutated:
         items = values_cpu[i] if isinstance(values_cpu[i], list | tuple) else [values_cpu[i]]
         for cpu_t in items:
             if cpu_t is None or id(cpu_t) not in originals:
