@@ -63,14 +63,24 @@ def _arg_val(node: torch.fx.Node, target, name: str) -> Any:
     return _val(arg)
 
 
+def _example(value):
+    """An argument as a lowering's predicate sees it: a node stands for its example value
+    (a fake tensor with dtype, shape and strides)."""
+    if isinstance(value, torch.fx.Node):
+        return value.meta.get("val", value)
+    if isinstance(value, list | tuple):
+        return type(value)(_example(v) for v in value)
+    return value
+
+
 def _call_arguments(node: torch.fx.Node) -> dict:
-    """{schema argument name: value} of a call node (defaults filled in)."""
+    """{schema argument name: example value} of a call node (defaults filled in)."""
     values = {}
     for i, a in enumerate(node.target._schema.arguments):
         if i < len(node.args):
-            values[a.name] = node.args[i]
+            values[a.name] = _example(node.args[i])
         elif a.name in node.kwargs:
-            values[a.name] = node.kwargs[a.name]
+            values[a.name] = _example(node.kwargs[a.name])
         else:
             values[a.name] = a.default_value if a.has_default_value() else None
     return values
