@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import signal
 import sys
@@ -436,12 +437,33 @@ def _run_pair(acc: _Acc, cpu_fn, dev_fn, desc: str, rtol, atol, strides=True,
         acc.add("pass")
 
 
+def _same_algorithm(s, dtype) -> None:
+    """Resolve device-dependent "auto" choices of a Python composite to the ones the neuron
+    device gets, for the CPU reference too: `F.linear_cross_entropy`'s options pick another
+    accumulation policy and chunking on CPU than on any other device (float32 accumulation
+    for half inputs on CPU only), so "auto" would compare two different algorithms."""
+    options = s.kwargs.get("options")
+    if type(options).__name__ != "LinearCrossEntropyOptions":
+        return
+    from torch.nn.modules import linear_cross_entropy_options as lce
+
+    chosen = lce._AUTO_DEFAULTS.get((DEV, dtype), lce._AUTO_FALLBACK)
+    changes = {}
+    if options.acc_policy == "auto":
+        changes["acc_policy"] = chosen.acc_policy
+    if options.chunking_method == "auto" and options.batch_chunk_size is None:
+        changes["chunking_method"] = chosen.chunking_method
+    if changes:
+        s.kwargs["options"] = dataclasses.replace(options, **changes)
+
+
 def _samples(op, dtype, requires_grad=False, cap=6) -> Iterable:
     torch.manual_seed(0)
     it = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
     for i, s in enumerate(it):
         if i >= cap:
             break
+        _same_algorithm(s, dtype)
         yield s
 
 
