@@ -264,3 +264,13 @@ def test_native_batch_norm_out_like_cpu(monkeypatch, dtype, training):
     for got, expected in zip(run(DEV), run("cpu"), strict=True):
         torch.testing.assert_close(got, expected, atol=0 if dtype != torch.float32 else None,
                                    rtol=0 if dtype != torch.float32 else None)
+
+
+def test_integer_base_with_floating_exponent_is_floating_pow():
+    # pow.Scalar(10, float tensor) is what logspace computes: float pow, not integer pow.
+    exps = torch.tensor([0.0, 0.5, 1.5, -1.0])
+    torch.testing.assert_close(torch.pow(10, exps.to("neuron")).cpu(), torch.pow(10, exps))
+    torch.testing.assert_close(torch.logspace(0, 2, 5, device="neuron").cpu(), torch.logspace(0, 2, 5))
+    base = torch.tensor([2, 3, -4])
+    torch.testing.assert_close(torch.pow(base.to("neuron"), 2.5).cpu(), torch.pow(base, 2.5),
+                               equal_nan=True)

@@ -304,10 +304,16 @@ def _integer_pow(x, y):
 @lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote=DEFAULT)
 def pow_(x, y):
     x = jnp.asarray(x)
-    if jnp.issubdtype(x.dtype, jnp.integer):
+    y_integer = isinstance(y, int) or (not isinstance(y, float)
+                                       and jnp.issubdtype(jnp.asarray(y).dtype, jnp.integer))
+    # Integer semantics only when both are integers: pow.Scalar (`10 ** float_tensor`, as
+    # logspace computes) passes an integer base with a floating exponent.
+    if jnp.issubdtype(x.dtype, jnp.integer) and y_integer:
         if isinstance(y, int) and y >= 0:
             return lax.integer_pow(x, y)
         return _integer_pow(x, y)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        x = x.astype(jnp.asarray(y).dtype)
     return jnp.power(x, y)
 
 
