@@ -631,6 +631,9 @@ def _raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
 
     try:
         cpu_args, cpu_kwargs = convert(args), {k: convert(v) for k, v in kwargs.items()}
+    except Exception:  # noqa: BLE001  (inputs CPU cannot hold, e.g. > 64 dims for numpy)
+        raise err from None
+    try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             op(*cpu_args, **cpu_kwargs)
