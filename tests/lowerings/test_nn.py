@@ -667,3 +667,10 @@ def test_rrelu():
     torch.testing.assert_close(x_dev.grad.cpu(), slopes)
     torch.testing.assert_close(F.rrelu(x.to(DEV)).cpu(), F.rrelu(x))  # eval: the mean slope
     assert_native("aten.rrelu_with_noise.default")
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.softshrink_backward, torch.ops.aten.hardshrink_backward])
+def test_shrink_backward_like_cpu(op):
+    x = torch.tensor([-1.0, -0.5, 0.0, 0.3, 0.5, 2.0, float("nan")])
+    g = torch.randn(7)
+    assert torch.equal(op(g.to("neuron"), x.to("neuron"), 0.5).cpu(), op(g, x, 0.5))

@@ -1342,3 +1342,14 @@ def pdist_backward(grad, x, p, pdist):
     diff = x[rows] - x[cols]
     contrib = grad[:, None] * _dist_grad_terms(diff, pdist[:, None], p)
     return jnp.zeros_like(x).at[rows].add(contrib).at[cols].add(-contrib)
+
+
+# ---- shrink backward ---------------------------------------------------------------------
+
+
+@lowers(aten.softshrink_backward.default, aten.hardshrink_backward.default)
+def shrink_backward(grad_out, self, lambd):
+    # CPU: zero gradient inside [-lambd, lambd], the incoming gradient elsewhere (NaN inputs
+    # are outside, so their gradient passes through).
+    inside = (self >= -lambd) & (self <= lambd)
+    return jnp.where(inside, jnp.zeros_like(grad_out), grad_out)
