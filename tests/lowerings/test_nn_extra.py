@@ -111,7 +111,10 @@ def test_grid_sample_2d_grad(mode, padding, align):
     x, grid = _r(2, 3, 5, 6), _r(2, 4, 7, 2, seed=1) * 1.4
     fn = lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=padding,  # noqa: E731
                                     align_corners=align)
-    _compare(fn, x, grid, grad=(0, 1))
+    # Bicubic gradients with respect to the grid are sums of 16 terms that nearly cancel: in
+    # float32 they differ from CPU's by the summation order (1e-5 on values near 0), so they
+    # are compared in float64, where the order does not show.
+    _compare(fn, x, grid, grad=(0, 1), dtype=torch.float64 if mode == "bicubic" else torch.float32)
     assert_native("aten.grid_sampler_2d_backward.default")
 
 
