@@ -18,6 +18,7 @@ import torch
 from jax import lax
 
 from .dtypes import to_jax_dtype
+from .reduction import _vector_norm
 from .registry import lowered_only_when, lowers
 
 aten = torch.ops.aten
@@ -733,19 +734,6 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
     return out, bad
 
 
-def _row_norms(x, norm_type: float):
-    a = jnp.abs(x)
-    if norm_type == 0:
-        return jnp.sum(a != 0, axis=-1).astype(x.dtype)
-    if norm_type == 1:
-        return jnp.sum(a, axis=-1)
-    if norm_type == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=-1))
-    if math.isinf(norm_type):
-        return (jnp.max if norm_type > 0 else jnp.min)(a, axis=-1)
-    return jnp.sum(a**norm_type, axis=-1) ** (1.0 / norm_type)
-
-
 @lowers(aten.embedding_renorm.default, static=("norm_type",),
         index_error="embedding_renorm_: index out of range")
 def embedding_renorm(weight, indices, max_norm, norm_type):
@@ -758,7 +746,7 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     chosen = jnp.zeros((num,), bool).at[_wrap_index(idx, num)].set(True, mode="drop")
     # CPU's norm (in the weight's opmath dtype, rounded to its dtype) is read as a double;
     # its summation order is its own, so a norm may differ by an ulp.
-    norms = _row_norms(_opmath(weight), norm_type).astype(weight.dtype).astype(jnp.float64)
+    norms = _vector_norm(_opmath(weight), norm_type, -1, False, None).astype(weight.dtype).astype(jnp.float64)
     scale = (max_norm / (norms + 1e-7)).astype(weight.dtype)
     renorm = chosen & (norms > max_norm)
     return jnp.where(renorm[:, None], weight * scale[:, None], weight), bad
@@ -1245,17 +1233,10 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
 
 
 def _p_norm_of_diffs(diff, p: float):
-    """The p-norm over the last axis of pairwise differences, as CPU's cdist kernel sums."""
-    a = jnp.abs(diff)
-    if p == 0:
-        return jnp.sum(a != 0, axis=-1).astype(diff.dtype)
-    if p == 1:
-        return jnp.sum(a, axis=-1)
-    if p == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=-1))
-    if math.isinf(p):
-        return jnp.max(a, axis=-1, initial=0.0)
-    return jnp.sum(a**p, axis=-1) ** (1.0 / p)
+    """The p-norm over the last axis of pairwise differences (0 for no features, as CPU)."""
+    if diff.shape[-1] == 0:
+        return jnp.zeros(diff.shape[:-1], diff.dtype)
+    return _vector_norm(diff, p, -1, False, None)
 
 
 def _dist_grad_terms(diff, dist, p: float):
