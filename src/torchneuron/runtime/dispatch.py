@@ -615,28 +615,16 @@ def _raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     does not raise. PyTorch's meta kernels and JAX's shape checks raise other types than CPU's
     kernels for the same bad call (AssertionError, IndexError, TypeError for CPU's
     RuntimeError, ...); on this error path the call is re-run on CPU copies of its inputs."""
-    tensors = [a for a in _flatten_results(list(args) + list(kwargs.values()))
-               if isinstance(a, torch.Tensor) and a.device.type == NEURON]
-    if sum(t.numel() * t.element_size() for t in tensors) > _ERROR_PROBE_BYTES:
-        raise err
-
-    def convert(value):
-        if isinstance(value, torch.Tensor) and value.device.type == NEURON:
-            return to_cpu(value)
-        if isinstance(value, list | tuple):
-            return type(value)(convert(v) for v in value)
-        if isinstance(value, torch.device) and value.type == NEURON:
-            return torch.device("cpu")
-        return value
-
     try:
-        cpu_args, cpu_kwargs = convert(args), {k: convert(v) for k, v in kwargs.items()}
-    except Exception:  # noqa: BLE001  (inputs CPU cannot hold, e.g. > 64 dims for numpy)
-        raise err from None
+        replica = _cpu_replica(args, kwargs)
+    except Exception:  # noqa: BLE001  (inputs CPU cannot hold)
+        replica = None
+    if replica is None:
+        raise err
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            op(*cpu_args, **cpu_kwargs)
+            op(*replica[0], **replica[1])
     except Exception as cpu_err:
         if type(cpu_err) is not type(err):
             raise cpu_err from err
@@ -984,8 +972,10 @@ def _check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
 _IDENTICAL_OUT_OK: set[OpOverload] = set()
 
 
-def _probe_overlap_on_cpu(op: OpOverload, args: tuple, kwargs: dict) -> None:
-    """Run `op` on CPU tensors that alias each other as the neuron ones do; raise CPU's error."""
+def _cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """CPU copies of a call's arguments that alias each other as the neuron tensors do (one
+    copied storage per neuron storage); None when they exceed _ERROR_PROBE_BYTES. Only for
+    error paths: learning what CPU's kernel says about a call."""
     from .copy import neuron_to_cpu
 
     mirrors: dict[int, Any] = {}
@@ -1011,16 +1001,23 @@ def _probe_overlap_on_cpu(op: OpOverload, args: tuple, kwargs: dict) -> None:
         return value
 
     try:
-        cpu_args, cpu_kwargs = convert(args), {k: convert(v) for k, v in kwargs.items()}
+        return convert(args), {k: convert(v) for k, v in kwargs.items()}
     except _ProbeTooBig:
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        op(*cpu_args, **cpu_kwargs)  # CPU's error, if it has one, propagates
+        return None
 
 
 class _ProbeTooBig(Exception):
     pass
+
+
+def _probe_overlap_on_cpu(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """Run `op` on CPU tensors that alias each other as the neuron ones do; raise CPU's error."""
+    replica = _cpu_replica(args, kwargs)
+    if replica is None:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op(*replica[0], **replica[1])  # CPU's error, if it has one, propagates
 
 
 def _check_devices(args) -> None:
