@@ -15,19 +15,17 @@ import pickle
 import tempfile
 from pathlib import Path
 
+from .. import config
+
 _MAGIC = b"TNXC1\n"
 
 
 def cache_dir() -> Path | None:
     """`$TORCHNEURON_CACHE_DIR/executables` (default root `~/.cache/torchneuron`), or None when
     `TORCHNEURON_COMPILE_CACHE=0` turns the on-disk cache off."""
-    if os.environ.get("TORCHNEURON_COMPILE_CACHE", "1").strip().lower() in ("0", "off", "false"):
+    if not config.flag("TORCHNEURON_COMPILE_CACHE"):
         return None
-    root = os.environ.get("TORCHNEURON_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "torchneuron")
-    return Path(root).expanduser() / "executables"
+    return config.cache_root() / "executables"
 
 
 def entry_path(key: str) -> Path | None:

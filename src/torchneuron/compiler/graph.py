@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import operator
-import os
 import time
 import warnings
 from typing import Any
@@ -24,7 +23,7 @@ import torch.fx
 from jax.experimental import serialize_executable
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from .. import __version__
+from .. import __version__, config
 from ..lowerings import LOWERINGS
 from ..lowerings.dtypes import to_jax_dtype
 from ..lowerings.registry import LIMITS, index_exception, lowering_applies
@@ -652,7 +651,7 @@ def _graph_digest(gm: torch.fx.GraphModule) -> str:
 
 def eager_graph(gm: torch.fx.GraphModule, reason: str, options: dict[str, Any]):
     """Run the graph op by op on the device (the fallback when it cannot be compiled)."""
-    if options.get("strict") or os.environ.get("TORCHNEURON_STRICT", "0") not in ("", "0"):
+    if options.get("strict") or config.strict():
         raise RuntimeError(f"torchneuron.compile: cannot lower the graph: {reason}")
     warnings.warn(
         f"torchneuron.compile: graph runs in eager mode on the device because {reason}",

@@ -18,7 +18,6 @@ garbage. `TORCHNEURON_DIST_CHECK=0` turns that check off.
 from __future__ import annotations
 
 import hashlib
-import os
 from datetime import timedelta
 
 import torch
@@ -27,6 +26,7 @@ from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
+from .. import config
 from .transport import Transport, create_transport
 
 RedOpType = dist.ReduceOp.RedOpType
@@ -36,7 +36,7 @@ _P2P_TAG_OFFSET = 1 << 20  # header messages of send/recv use their own tag spac
 
 
 def _check_enabled() -> bool:
-    return os.environ.get("TORCHNEURON_DIST_CHECK", "1") not in ("0", "false", "False", "")
+    return config.flag("TORCHNEURON_DIST_CHECK")
 
 
 def _done(result) -> dist.Work:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .. import config
 from . import platform, rng, storage
 from .storage import STATS
 
@@ -260,9 +261,7 @@ def _keep_shared_parameters_shared() -> None:
     switch that also changes `load_state_dict`, which then fails for modules that hold weak
     references to their parameters (nn.LSTM/GRU), on every device. So it stays opt-in.
     """
-    import os
-
-    if os.environ.get("TORCHNEURON_SWAP_MODULE_PARAMS", "0") in ("1", "true", "True"):
+    if config.flag("TORCHNEURON_SWAP_MODULE_PARAMS"):
         torch.__future__.set_swap_module_params_on_conversion(True)
 
 

@@ -14,7 +14,6 @@ follows the plan:
 from __future__ import annotations
 
 import collections
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ import torch
 import torch._decomp
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
+from .. import config
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from ..lowerings.registry import LIMITS, index_exception, lowering_applies
@@ -47,7 +47,7 @@ _warned: set[str] = set()
 
 
 def strict_mode() -> bool:
-    return os.environ.get("TORCHNEURON_STRICT", "0") not in ("", "0", "false", "False")
+    return config.strict()
 
 
 def _device_mismatch(other: torch.device) -> RuntimeError:

@@ -7,25 +7,21 @@ any installed PJRT plugin). float64/int64 must stay exact, so `jax_enable_x64` i
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
+
+from .. import config
 
 jax.config.update("jax_enable_x64", True)
 # Eager ops on the CPU client are small: running them on the calling thread avoids a thread
 # hand-off per op (measured: 64x64 add 130 us -> 47 us). TORCHNEURON_ASYNC_DISPATCH=1 restores
 # JAX's default asynchronous dispatch.
-jax.config.update(
-    "jax_cpu_enable_async_dispatch",
-    os.environ.get("TORCHNEURON_ASYNC_DISPATCH", "0") not in ("", "0", "false", "False"),
-)
-
-DEFAULT_PLATFORM = "cpu"
+jax.config.update("jax_cpu_enable_async_dispatch", config.flag("TORCHNEURON_ASYNC_DISPATCH"))
 
 
 def platform_name() -> str:
     """The JAX platform requested through `TORCHNEURON_PLATFORM` (default `cpu`)."""
-    return os.environ.get("TORCHNEURON_PLATFORM", DEFAULT_PLATFORM).strip().lower() or "cpu"
+    return config.platform()
 
 
 @functools.cache

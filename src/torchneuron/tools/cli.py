@@ -19,22 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import config
+
 EXIT_USAGE = 2
 
 DESCRIPTION = "Tools for the torchneuron `neuron` device for PyTorch."
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("TORCHNEURON_CACHE_DIR", "")
-    if root and root.lower() not in ("off", "0", "none"):
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "torchneuron"
-
-
 def default_ops_file() -> Path:
     """Where `run` leaves the op counts of its last script for `ops`."""
-    return _cache_root() / "last-run-ops.json"
+    return config.cache_root() / "last-run-ops.json"
 
 
 def _check_script(parser: argparse.ArgumentParser, script: str) -> None:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from ... import config
+
 SOURCE = Path(__file__).with_name("neuron_generator.cpp")
 ABI_VERSION = 5
 _FLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared", "-w")
@@ -44,18 +46,11 @@ _hooks_registered = False
 
 
 def enabled() -> bool:
-    return os.environ.get("TORCHNEURON_GENERATOR_EXTENSION", "1").strip().lower() not in (
-        "0", "false", "no", "off",
-    )
+    return config.flag("TORCHNEURON_GENERATOR_EXTENSION")
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TORCHNEURON_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "torchneuron"
+    return config.cache_root()
 
 
 def _abi_define() -> str:
@@ -143,7 +138,7 @@ def build(force: bool = False) -> Path:
     target = library_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     failed = target.with_suffix(".failed")
-    force = force or os.environ.get("TORCHNEURON_REBUILD_EXTENSION", "0") not in ("", "0")
+    force = force or config.flag("TORCHNEURON_REBUILD_EXTENSION")
     if target.exists() and not force:
         return target
     with _FileLock(target.with_suffix(".lock")):

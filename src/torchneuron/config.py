@@ -1,0 +1,93 @@
+"""Every `TORCHNEURON_*` setting, parsed in one place with one convention.
+
+Settings are environment variables, so that user code needs no change. Each is read when the
+runtime needs it (most at import or first use; `TORCHNEURON_STRICT` at each fallback), always
+through this module. Booleans accept `1/true/yes/on` and `0/false/no/off` (any case; empty means
+the default); any other value raises `ValueError` naming the variable, never a silent guess.
+
+docs/CONFIGURATION.md documents exactly the variables listed in `SETTINGS` (a test checks it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    kind: str  # "bool", "str" or "path"
+    summary: str
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("TORCHNEURON_PLATFORM", "cpu", "str",
+                "JAX/PJRT platform behind the neuron devices (cpu, cuda, tpu, or a plugin)"),
+        Setting("TORCHNEURON_STRICT", "0", "bool",
+                "raise instead of running an op (or a compiled graph) on CPU / eagerly"),
+        Setting("TORCHNEURON_ASYNC_DISPATCH", "0", "bool",
+                "JAX's asynchronous dispatch on the CPU client"),
+        Setting("TORCHNEURON_GENERATOR_EXTENSION", "1", "bool",
+                "build and load the small C++ library (generators, allocator, guard)"),
+        Setting("TORCHNEURON_REBUILD_EXTENSION", "0", "bool",
+                "rebuild the C++ library even if cached or an earlier build failed"),
+        Setting("TORCHNEURON_CACHE_DIR", "", "path",
+                "root of the on-disk caches (default $XDG_CACHE_HOME/torchneuron or ~/.cache/torchneuron)"),
+        Setting("TORCHNEURON_COMPILE_CACHE", "1", "bool",
+                "keep compiled executables on disk across processes"),
+        Setting("TORCHNEURON_SWAP_MODULE_PARAMS", "0", "bool",
+                "turn on torch's swap-on-conversion when the device registers"),
+        Setting("TORCHNEURON_DIST_CHECK", "1", "bool",
+                "check that collectives agree on shapes and dtypes across ranks"),
+    )
+}
+
+
+def raw(name: str) -> str:
+    """The variable's value as set (stripped), or its default when unset or empty."""
+    setting = SETTINGS[name]
+    value = os.environ.get(name, "").strip()
+    return value if value else setting.default
+
+
+def flag(name: str) -> bool:
+    """A boolean setting."""
+    if SETTINGS[name].kind != "bool":
+        raise TypeError(f"{name} is not a boolean setting")
+    value = raw(name).lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"{name}={os.environ.get(name)!r}: expected one of {', '.join(_TRUE + _FALSE)}"
+    )
+
+
+def strict() -> bool:
+    """`TORCHNEURON_STRICT`: CPU fallbacks and eagerly run graphs raise instead."""
+    return flag("TORCHNEURON_STRICT")
+
+
+def platform() -> str:
+    """`TORCHNEURON_PLATFORM`, lower case (default `cpu`)."""
+    return raw("TORCHNEURON_PLATFORM").lower()
+
+
+def cache_root() -> Path:
+    """Root of every on-disk cache: `$TORCHNEURON_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/torchneuron`, else `~/.cache/torchneuron`."""
+    root = raw("TORCHNEURON_CACHE_DIR")
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "torchneuron"
