@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchneuron
-from torchneuron.runtime import dispatch
+from torchneuron.runtime import cpu_fallback, plan
 
 DEV = "neuron"
 
@@ -39,7 +39,7 @@ def test_zero_dim_cpu_tensor_mixes_like_pytorch():
 
 def test_fallback_runs_on_cpu_warns_once_and_counts(monkeypatch):
     monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
-    dispatch._warned.discard(str(UNLOWERED))
+    cpu_fallback._warned.discard(str(UNLOWERED))
     before = torchneuron.fallback_ops().get(str(UNLOWERED), 0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -83,12 +83,12 @@ def test_multiple_outputs_and_in_place_return_identity():
 
 def test_scalar_arguments_do_not_recompile():
     x = torch.ones(8, device=DEV)
-    plan = dispatch.plan_for(torch.ops.aten.mul.Tensor)
+    mul_plan = plan.plan_for(torch.ops.aten.mul.Tensor)
     x * 0.5
-    n = len(plan.cache)
+    n = len(mul_plan.cache)
     for lr in (0.1, 0.2, 0.3, 0.4):
         x * lr
-    assert len(plan.cache) == n
+    assert len(mul_plan.cache) == n
 
 
 def test_dtype_promotion_matches_cpu():

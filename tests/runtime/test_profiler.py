@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from torchneuron.runtime import dispatch
+from torchneuron.runtime.plan import COUNTS, Route
 from torchneuron.runtime.profiler import neuron_records, path_of
 
 aten = torch.ops.aten
@@ -45,9 +45,9 @@ def test_no_records_and_no_hook_outside_profiler() -> None:
 
     assert not p._is_profiler_enabled
     x = torch.randn(4).to("neuron")
-    before = dict(dispatch.NATIVE_COUNTS)
+    before = dict(COUNTS[Route.NATIVE])
     (x + x).cpu()
-    assert sum(dispatch.NATIVE_COUNTS.values()) > sum(before.values())
+    assert sum(COUNTS[Route.NATIVE].values()) > sum(before.values())
 
 
 def test_path_of_matches_counters() -> None:
@@ -56,9 +56,9 @@ def test_path_of_matches_counters() -> None:
         (aten.mm.default, lambda: torch.mm(x, x)),
         (aten.var.correction, lambda: x.var()),
     ):
-        dispatch.NATIVE_COUNTS.clear()
-        dispatch.DECOMP_COUNTS.clear()
+        COUNTS[Route.NATIVE].clear()
+        COUNTS[Route.DECOMPOSED].clear()
         call()
         path = path_of(op)
-        counter = {"native": dispatch.NATIVE_COUNTS, "decomposed": dispatch.DECOMP_COUNTS}[path]
+        counter = {"native": COUNTS[Route.NATIVE], "decomposed": COUNTS[Route.DECOMPOSED]}[path]
         assert counter[str(op)] >= 1, (op, path)

@@ -20,26 +20,21 @@ from functorch.compile import make_boxed_func
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 
+from ..lowerings import LOWERINGS
+from ..lowerings.registry import DECOMPOSITIONS
 from .graph import CompiledGraph, LoweringError, eager_graph
 
 KNOWN_OPTIONS = {"max_shapes", "strict"}
 
 
-# Functional variants that AOTAutograd's functionalization introduces; PyTorch decomposes them
-# into ops we lower, but does not list them among the core ATen decompositions.
-_EXTRA_DECOMPOSITIONS = (torch.ops.aten._native_batch_norm_legit_functional.default,)
-
-
 def _decompositions() -> dict:
-    from torch._decomp import decomposition_table
-
+    """PyTorch's core-ATen decompositions, plus the project's that are marked for graphs,
+    minus every op with a lowering."""
     table = dict(core_aten_decompositions())
-    for op in _EXTRA_DECOMPOSITIONS:
-        if op in decomposition_table:
-            table[op] = decomposition_table[op]
+    for op, decomposition in DECOMPOSITIONS.items():
+        if decomposition.in_graphs:
+            table[op] = decomposition.fn
     # Keep ops we lower natively as single nodes: XLA fuses them better than their pieces.
-    from ..lowerings import LOWERINGS
-
     for op in list(table):
         if op in LOWERINGS:
             del table[op]

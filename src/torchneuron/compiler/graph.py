@@ -21,13 +21,14 @@ import numpy as np
 import torch
 import torch.fx
 from jax.experimental import serialize_executable
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from .. import __version__, config
 from ..lowerings import LOWERINGS
-from ..lowerings.dtypes import to_jax_dtype
-from ..lowerings.registry import LIMITS, index_exception, lowering_applies
-from ..runtime import dispatch, platform, rng, storage, views
+from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
+from ..lowerings.registry import index_exception
+from ..runtime import opcall, platform, rng, signature, storage, strided
+from ..runtime.meta import promotion_dtype, promotion_operands
+from ..runtime.plan import NEURON, plan_for
 from . import disk_cache
 from .stats import bump
 
@@ -55,13 +56,6 @@ def _val(node_or_value: Any) -> Any:
     return node_or_value
 
 
-def _arg_val(node: torch.fx.Node, target, name: str) -> Any:
-    """The traced value (meta) of argument `name` of a call node."""
-    index = [a.name for a in target._schema.arguments].index(name)
-    arg = node.args[index] if index < len(node.args) else node.kwargs[name]
-    return _val(arg)
-
-
 def _example(value):
     """An argument as a lowering's predicate sees it: a node stands for its example value
     (a fake tensor with dtype, shape and strides)."""
@@ -72,17 +66,9 @@ def _example(value):
     return value
 
 
-def _call_arguments(node: torch.fx.Node) -> dict:
-    """{schema argument name: example value} of a call node (defaults filled in)."""
-    values = {}
-    for i, a in enumerate(node.target._schema.arguments):
-        if i < len(node.args):
-            values[a.name] = _example(node.args[i])
-        elif a.name in node.kwargs:
-            values[a.name] = _example(node.kwargs[a.name])
-        else:
-            values[a.name] = a.default_value if a.has_default_value() else None
-    return values
+def _examples(plan, args, kwargs) -> list:
+    """A call's example values (fake tensors for nodes) in schema order, defaults filled in."""
+    return plan.bind(_example(tuple(args)), {k: _example(v) for k, v in kwargs.items()})
 
 
 class GraphInterpreter:
@@ -113,8 +99,6 @@ class GraphInterpreter:
                     continue
                 if target in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
                     continue
-                if target in _GRAPH_ONLY:
-                    continue
                 if target is aten.copy_.default:
                     if node.args[0] not in self.placeholders:
                         raise LoweringError(node, "copy_ into an intermediate value")
@@ -123,12 +107,16 @@ class GraphInterpreter:
                     if _foreach_base(target) is None:
                         raise LoweringError(node, "no lowering")
                     continue
-                if target not in LOWERINGS:
+                lowering = LOWERINGS.get(target)
+                if lowering is None:
                     raise LoweringError(node, "no lowering")
-                if not LOWERINGS[target].jit:
+                if not lowering.jit:
                     raise LoweringError(node, "data-dependent output shape")
-                if target in LIMITS and not lowering_applies(target, _call_arguments(node)):
-                    raise LoweringError(node, "this mode of the op is not lowered")
+                if lowering.only_when is not None:
+                    plan = plan_for(target)
+                    arguments = dict(zip(plan.arg_names, _examples(plan, node.args, node.kwargs)))
+                    if not lowering.only_when(arguments):
+                        raise LoweringError(node, "this mode of the op is not lowered")
             elif node.op in ("call_module", "call_method"):
                 raise LoweringError(node, f"unsupported FX node kind {node.op}")
 
@@ -170,9 +158,6 @@ class GraphInterpreter:
             if target is aten.sym_stride.int:
                 env[node] = _val(node)
                 continue
-            if target in _GRAPH_ONLY:
-                env[node] = _GRAPH_ONLY[target](node, *args, **kwargs)
-                continue
             if target is aten.copy_.default:
                 dst_node, value = node.args[0], args[1]
                 meta = _val(dst_node)
@@ -192,6 +177,7 @@ class GraphInterpreter:
         """A `_foreach_*` op (compiled optimizers): the per-tensor lowering, once per element."""
         base = _foreach_base(target)
         lowering = LOWERINGS[base]
+        plan = plan_for(base)
         lists = [i for i, a in enumerate(node.args) if isinstance(a, list | tuple)]
         count = len(args[lists[0]])
         metas = _val(node)
@@ -203,46 +189,36 @@ class GraphInterpreter:
             if base._overloadpacket in (aten.addcmul, aten.addcdiv) and len(elem_args) == 4:
                 elem_kwargs["value"] = elem_args.pop()
                 elem_nodes.pop()
-            if lowering.promote is not None:
-                operands = _promotion_operands(elem_nodes)
-                elem_args, elem_kwargs = _promote_operands(operands, lowering.promote, elem_args,
-                                                           elem_kwargs)
-            try:
-                result = lowering.fn(*elem_args, **elem_kwargs)
-            except Exception as err:
-                raise LoweringError(node, f"{type(err).__name__}: {err}") from err
             meta = metas[i] if isinstance(metas, list | tuple) else None
-            results.append(_cast_like(result, meta))
+            results.append(self._invoke(node, plan, lowering, elem_args, elem_kwargs,
+                                        (elem_nodes, elem_kwargs), None, None, meta))
         return results
 
     def _call(self, node, target, args, kwargs, draw_iter, checks):
-        lowering = LOWERINGS[target]
+        return self._invoke(node, plan_for(target), LOWERINGS[target], args, kwargs,
+                            (node.args, node.kwargs), draw_iter, checks, _val(node))
+
+    def _invoke(self, node, plan, lowering, args, kwargs, arg_nodes, draw_iter, checks, meta):
+        """One lowering through the op-call core, as eager executables call it: `args` and
+        `kwargs` hold traced values, `arg_nodes` the call's (args, kwargs) as FX nodes,
+        whose example values decide type promotion and layout flags."""
+        values = plan.bind(tuple(args), kwargs)
+        examples = _examples(plan, *arg_nodes)
+        compute = None
         if lowering.promote is not None:
-            args, kwargs = _promote(node, lowering.promote, args, kwargs)
-        if lowering.rng:
-            kwargs["key"] = rng.fold_key(next(draw_iter))
-        for name in lowering.contiguity:
-            kwargs[f"{name}_contiguous"] = _arg_val(node, target, name).is_contiguous()
+            compute = promotion_dtype(lowering.promote, promotion_operands(plan, examples))
+        draw = next(draw_iter) if lowering.rng else None
         try:
-            result = lowering.fn(*args, **kwargs)
+            result, bad = opcall.call_lowering(
+                plan, lowering, values, compute_dtype=compute, draw=draw,
+                contiguous=opcall.contiguity_flags(plan, lowering, examples))
         except LoweringError:
             raise
         except Exception as err:  # a lowering that cannot trace this call
             raise LoweringError(node, f"{type(err).__name__}: {err}") from err
-        if lowering.index_error is not None:
-            result, bad = result
+        if bad is not None:
             checks.append((bad, lowering.index_error))
-        return _cast_like(result, _val(node))
-
-
-def _full_like(node, x, fill_value, **_):
-    # Shape from the traced input, dtype from the node's meta (its dtype= and layout kwargs
-    # are already resolved there).
-    return jnp.full(jnp.shape(x), fill_value, to_jax_dtype(_val(node).dtype))
-
-
-# Ops lowered only inside compiled graphs (eager mode reaches them through other paths).
-_GRAPH_ONLY = {aten.full_like.default: _full_like}
+        return opcall.cast_results(result, meta)
 
 
 def _is_foreach(target) -> bool:
@@ -277,49 +253,6 @@ def _foreach_base(target):
             if lowering.jit and not lowering.rng and lowering.index_error is None:
                 return op
     return None
-
-
-def _promotion_operands(arg_nodes) -> list:
-    operands = []
-    for arg in arg_nodes:
-        val = _val(arg)
-        if isinstance(val, torch.Tensor):
-            operands.append(val)
-        elif isinstance(val, bool | int | float | complex) and not isinstance(arg, torch.fx.Node):
-            operands.append(val)
-    return operands
-
-
-def _promote(node, kind: str, args, kwargs):
-    operands = _promotion_operands(list(node.args) + list(node.kwargs.values()))
-    return _promote_operands(operands, kind, args, kwargs)
-
-
-def _promote_operands(operands, kind: str, args, kwargs):
-    tensor_operands = [o for o in operands if isinstance(o, torch.Tensor)]
-    if not tensor_operands:
-        return args, kwargs
-    compute, _ = elementwise_dtypes(*operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND[kind])
-    target = to_jax_dtype(compute)
-
-    def cast(v):
-        if isinstance(v, jax.Array | jax.core.Tracer) and getattr(v, "ndim", None) is not None:
-            return v if v.dtype == target else v.astype(target)
-        return v
-
-    return [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
-
-
-def _cast_like(result, meta):
-    if isinstance(meta, torch.Tensor):
-        if result is None:
-            return None
-        result = jnp.asarray(result)
-        jdtype = to_jax_dtype(meta.dtype)
-        return result if result.dtype == jdtype else result.astype(jdtype)
-    if isinstance(meta, list | tuple) and isinstance(result, list | tuple):
-        return type(result)(_cast_like(r, m) for r, m in zip(result, meta))
-    return result
 
 
 class CompiledGraph:
@@ -377,7 +310,8 @@ class CompiledGraph:
             if not isinstance(dst, torch.Tensor):
                 raise RuntimeError("torchneuron.compile: the graph mutates a non-tensor input")
             if _is_device_tensor(dst):
-                if not aliased:
+                if not aliased and isinstance(key[index][0], torch.dtype):
+                    # a plain neuron tensor: the executable returned its new storage buffer
                     storage.set_storage_buffer(dst.untyped_storage(), new, dst.dtype)
                 else:
                     value = storage.new_tensor(tuple(new.shape), dst.dtype, None, new.reshape(-1))
@@ -399,7 +333,7 @@ class CompiledGraph:
         slots = []
         for value in args:
             if isinstance(value, torch.Tensor):
-                key.append(dispatch._tensor_key_and_inputs(value, inputs))
+                key.append(signature.tensor_key(value, inputs))
                 slots.append(True)
             else:
                 # SymInt inputs arrive as Python ints: one executable per concrete value.
@@ -420,22 +354,22 @@ class CompiledGraph:
         return tuple(key), inputs, slots
 
     def _placeholder_values(self, key: tuple, inputs) -> tuple[list, dict]:
+        """Inside the trace: each placeholder's value, and placeholder index -> (flat buffer,
+        offset, view spec) for the device tensors the graph may write in place."""
         values = []
-        raw = {}  # placeholder index -> (flat buffer, offset, view spec) for device tensors
+        raw = {}
         it = iter(inputs)
         for index, k in enumerate(key[:-1]):
             if k[0] == "static":
                 values.append(k[1])
-            elif k[0] == "host":
-                values.append(jnp.asarray(next(it), to_jax_dtype(k[1])))
-            elif k[0] == "number":
-                values.append(next(it))
-            else:
+            elif isinstance(k[0], torch.dtype):  # a plain neuron tensor: keep its buffer
                 buf = next(it)
                 spec = k[1]
-                offset = 0 if spec.mode == views.FULL else next(it)
+                offset = 0 if spec.mode == strided.FULL else next(it)
                 raw[index] = (buf, offset, spec)
-                values.append(_read_view(buf, offset, spec))
+                values.append(strided.gather(buf, offset, spec))
+            else:
+                values.append(signature.read_tensor(k, it))
         return values, raw
 
     # -- building --------------------------------------------------------------------------
@@ -459,13 +393,13 @@ class CompiledGraph:
                     layouts.append(("input", source))
                     flat.append(None)
                 elif view is not None and _is_device_tensor(args[view[0]]) and \
-                        key[view[0]][1].mode == views.FULL:
+                        view[0] in raw and raw[view[0]][2].mode == strided.FULL:
                     layouts.append(("view", *view))
                     flat.append(None)
                 elif isinstance(out, jax.Array | jax.core.Tracer) and hasattr(out, "shape"):
                     stride = _concrete_stride(meta, out.shape)
                     layouts.append(("tensor", _torch_dtype(meta, out), tuple(out.shape), stride))
-                    flat.append(views.to_memory_order(out, stride))
+                    flat.append(strided.to_memory_order(out, stride))
                 else:
                     layouts.append(("value", out))
                     flat.append(None)
@@ -476,7 +410,7 @@ class CompiledGraph:
                 value = mutated[index]
                 if index in raw and not aliased:
                     buf, offset, spec = raw[index]
-                    writes.append(views.scatter(buf, offset, value, spec))
+                    writes.append(strided.scatter(buf, offset, value, spec))
                 else:
                     writes.append(value)
             messages[:] = [message for _, message in checks]
@@ -594,33 +528,12 @@ def _view_of_input(node, slot: dict):
 
 
 def _is_device_tensor(value) -> bool:
-    return isinstance(value, torch.Tensor) and value.device.type == dispatch.NEURON
-
-
-def _read_view(buf, offset, spec: views.ViewSpec):
-    """A view's value. Dense permuted views (transposes saved between the forward and the
-    backward) become a slice and a transpose, which XLA folds into the consumer's layout,
-    instead of the generic gather by computed indices."""
-    if spec.mode == views.STRIDED:
-        perm = views.dense_permutation(spec.shape, spec.stride)
-        if perm is not None and 0 not in spec.shape:
-            numel = 1
-            for size in spec.shape:
-                numel *= size
-            flat = buf if numel == buf.shape[0] else jax.lax.dynamic_slice(buf, (offset,), (numel,))
-            stored = flat.reshape(tuple(spec.shape[d] for d in perm))
-            inverse = [0] * len(perm)
-            for position, d in enumerate(perm):
-                inverse[d] = position
-            return jnp.transpose(stored, inverse)
-    return views.gather(buf, offset, spec)
+    return isinstance(value, torch.Tensor) and value.device.type == NEURON
 
 
 def _torch_dtype(meta, out) -> torch.dtype:
     if isinstance(meta, torch.Tensor):
         return meta.dtype
-    from ..lowerings.dtypes import to_torch_dtype
-
     return to_torch_dtype(out.dtype)
 
 
@@ -631,7 +544,7 @@ def _concrete_stride(meta, shape) -> tuple[int, ...]:
         except (TypeError, ValueError, RuntimeError):  # symbolic strides
             stride = None
         if stride is not None and tuple(int(s) for s in meta.shape) == tuple(shape):
-            if views.dense_permutation(tuple(shape), stride) is not None:
+            if strided.dense_permutation(tuple(shape), stride) is not None:
                 return stride
     return storage.contiguous_strides(shape)
 

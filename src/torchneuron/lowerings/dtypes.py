@@ -40,14 +40,6 @@ def to_torch_dtype(dtype) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
 
 
-def is_floating(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.floating)
-
-
-def is_integral(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
-
-
 def default_float() -> np.dtype:
     return TORCH_TO_JAX[torch.get_default_dtype()]
 
@@ -55,3 +47,12 @@ def default_float() -> np.dtype:
 def float_or_default(x):
     """Cast integral/bool arrays to PyTorch's default float dtype (int-to-float promotion)."""
     return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(default_float())
+
+
+def lowest_value(dtype) -> jnp.ndarray:
+    """The smallest value of `dtype` (-inf for floats): the neutral element of a max."""
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf, dtype)
+    if dtype == jnp.bool_:
+        return jnp.array(False)
+    return jnp.array(jnp.iinfo(dtype).min, dtype)

@@ -10,90 +10,22 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
-from .registry import lowered_only_when
+from .registry import Promotion
 from .registry import lowers as _register
 
 aten = torch.ops.aten
-DEFAULT = "DEFAULT"
-INT_TO_FLOAT = "INT_TO_FLOAT"
-BOOL = "ALWAYS_BOOL"
-NO_OPMATH = "NO_OPMATH"
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
-# Ops computed in their own dtype: their result depends on the format itself (nextafter's
-# neighbour, frexp's bits, nan_to_num's largest finite value), or they only move values
-# (nothing to round; a float32 detour would round a fill value twice).
-_OWN_DTYPE = {
-    aten.nextafter.default, aten.frexp.Tensor, aten.nan_to_num.default, aten.fill.Scalar,
-    aten.fill.Tensor, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.zero.default,
-    aten.clone.default, aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
-    aten.where.Scalar, aten.real.default, aten.imag.default, aten.conj_physical.default,
-}
-
-
-def _is_weak(v) -> bool:
-    """A traced Python scalar (alpha, value=...): it takes the tensors' dtype in arithmetic."""
-    return bool(getattr(v, "weak_type", False) or getattr(getattr(v, "aval", None), "weak_type", False))
-
-
-def _opmath_dtype(values) -> np.dtype | None:
-    """The half/bfloat16 dtype when every floating tensor argument has it, else None."""
-    half = None
-    for v in values:
-        dtype = getattr(v, "dtype", None)
-        if dtype is None or _is_weak(v) or not jnp.issubdtype(dtype, jnp.floating):
-            continue
-        dtype = jnp.dtype(dtype)
-        if dtype not in _HALF or (half is not None and dtype != half):
-            return None
-        half = dtype
-    return half
-
-
-def _in_opmath(fn):
-    """Run `fn` on float32 copies of half/bfloat16 arguments and round its results once.
-
-    PyTorch's CPU kernels compute half and bfloat16 in float32 ("opmath") and round the
-    result; XLA computes each step of a formula in the narrow type (and several of its
-    transcendental expansions in half are less accurate), so results would differ by an ulp
-    or more. (Lowerings with `promote=` already receive float32: the runtime casts to
-    PyTorch's computation dtype; this covers the others, e.g. the activations.)"""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        half = _opmath_dtype(list(args) + list(kwargs.values()))
-        if half is None:
-            return fn(*args, **kwargs)
-
-        def up(v):
-            dtype = getattr(v, "dtype", None)
-            return v.astype(jnp.float32) if dtype is not None and jnp.dtype(dtype) == half else v
-
-        def down(r):
-            return r.astype(half) if getattr(r, "dtype", None) == jnp.float32 else r
-
-        result = fn(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
-        if isinstance(result, tuple | list):
-            return type(result)(down(r) for r in result)
-        return down(result)
-
-    return run
-
-
-def lowers(*ops, **options):
-    """`registry.lowers`, computing half/bfloat16 in float32 unless the op is in _OWN_DTYPE."""
-    register = _register(*ops, **options)
-
-    def wrap(fn):
-        register(fn if any(op in _OWN_DTYPE for op in ops) else _in_opmath(fn))
-        return fn
-
-    return wrap
+# Pointwise ops compute half and bfloat16 in float32 and round once, as CPU's kernels do
+# (`opmath`), unless registered with opmath=False: ops whose result depends on the format
+# itself (nextafter's neighbour, frexp's bits, nan_to_num's largest finite value), ops that
+# only move values (nothing to round; a float32 detour would round a fill value twice), and
+# ops that reproduce CPU's per-step half rounding themselves.
+lowers = functools.partial(_register, opmath=True)
 
 
 def _erfinv(x):
@@ -105,7 +37,7 @@ def _erfinv(x):
     return jax.scipy.special.erfinv(x)
 
 
-def _unary(op_packet, fn, promote=INT_TO_FLOAT, overloads=("default",)):
+def _unary(op_packet, fn, promote=Promotion.INT_TO_FLOAT, overloads=("default",)):
     ops = [getattr(op_packet, o) for o in overloads]
     lowers(*ops, promote=promote)(lambda x: fn(x))
 
@@ -128,7 +60,7 @@ for _name, _fn in {
     "neg": jnp.negative, "abs": jnp.abs, "sign": lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x), "square": jnp.square,
     "bitwise_not": lambda x: jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x),
 }.items():
-    _unary(getattr(aten, _name), _fn, promote=DEFAULT)
+    _unary(getattr(aten, _name), _fn, promote=Promotion.DEFAULT)
 
 
 def _rounder(fn):
@@ -140,21 +72,21 @@ for _op, _fn in {
     aten.ceil.default: jnp.ceil, aten.floor.default: jnp.floor, aten.trunc.default: jnp.trunc,
     aten.round.default: jnp.round, aten.frac.default: lambda x: x - jnp.trunc(x),
 }.items():
-    lowers(_op, promote=DEFAULT)(_rounder(_fn))
+    lowers(_op, promote=Promotion.DEFAULT)(_rounder(_fn))
 
 
-@lowers(aten.round.decimals, promote=DEFAULT, static=("decimals",))
+@lowers(aten.round.decimals, promote=Promotion.DEFAULT, static=("decimals",))
 def round_decimals(x, *, decimals=0):
     scale = 10.0 ** decimals
     return jnp.round(x * scale) / scale
 
 
-@lowers(aten.signbit.default, promote=DEFAULT)
+@lowers(aten.signbit.default, promote=Promotion.DEFAULT)
 def signbit(x):
     return jnp.signbit(x)
 
 
-@lowers(aten.sgn.default, promote=DEFAULT)
+@lowers(aten.sgn.default, promote=Promotion.DEFAULT)
 def sgn(x):
     if x.dtype == jnp.bool_:
         return x
@@ -184,8 +116,7 @@ def logical_not(x):
     return jnp.logical_not(x)
 
 
-
-@_register(aten.logit.default, static=("eps",))
+@lowers(aten.logit.default, static=("eps",), opmath=False)
 def logit(self, eps=None):
     # CPU's logit kernel computes in the tensor's own type: for half/bfloat16 every step
     # (1 - x, the division, the log) rounds to that type, eps is rounded to it and the upper
@@ -210,26 +141,22 @@ def logit(self, eps=None):
     return step(jnp.log(ratio.astype(wide)))
 
 
-# logit_ on an integer/bool tensor cannot store its float result: CPU raises, PyTorch's meta
-# kernel does not check, so those calls go to CPU's kernel (which raises).
-lowered_only_when(lambda a: a["self"].is_floating_point(), aten.logit_.default)
-
 # ---- binary arithmetic -----------------------------------------------------------------
 
 
-@lowers(aten.add.Tensor, aten.add.Scalar, promote=DEFAULT)
+@lowers(aten.add.Tensor, aten.add.Scalar, promote=Promotion.DEFAULT)
 def add(x, y, alpha=1):
     if x.dtype == jnp.bool_ and jnp.asarray(y).dtype == jnp.bool_:
         return jnp.logical_or(x, y)
     return x + y * alpha if not _is_one(alpha) else x + y
 
 
-@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=DEFAULT)
+@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=Promotion.DEFAULT)
 def sub(x, y, alpha=1):
     return x - y * alpha if not _is_one(alpha) else x - y
 
 
-@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=DEFAULT)
+@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=Promotion.DEFAULT)
 def rsub(x, y, alpha=1):
     return y - x * alpha if not _is_one(alpha) else y - x
 
@@ -238,19 +165,19 @@ def _is_one(value) -> bool:
     return isinstance(value, int | float) and value == 1
 
 
-@lowers(aten.mul.Tensor, aten.mul.Scalar, promote=DEFAULT)
+@lowers(aten.mul.Tensor, aten.mul.Scalar, promote=Promotion.DEFAULT)
 def mul(x, y):
     if x.dtype == jnp.bool_:
         return jnp.logical_and(x, y)
     return x * y
 
 
-@lowers(aten.div.Tensor, aten.div.Scalar, promote=INT_TO_FLOAT)
+@lowers(aten.div.Tensor, aten.div.Scalar, promote=Promotion.INT_TO_FLOAT)
 def div(x, y):
     return x / y
 
 
-@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=DEFAULT, static=("rounding_mode",))
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promotion.DEFAULT, static=("rounding_mode",))
 def div_mode(x, y, *, rounding_mode=None):
     if rounding_mode is None:
         return x / y
@@ -263,19 +190,19 @@ def div_mode(x, y, *, rounding_mode=None):
     return jnp.floor(q) if rounding_mode == "floor" else jnp.trunc(q)
 
 
-@lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=DEFAULT)
+@lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=Promotion.DEFAULT)
 def floor_divide(x, y):
     if jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.floor_divide(x, y)
     return jnp.floor(x / y)
 
 
-@lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, promote=DEFAULT)
+@lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, promote=Promotion.DEFAULT)
 def remainder(x, y):
     return jnp.remainder(x, y)
 
 
-@lowers(aten.fmod.Tensor, aten.fmod.Scalar, promote=DEFAULT)
+@lowers(aten.fmod.Tensor, aten.fmod.Scalar, promote=Promotion.DEFAULT)
 def fmod(x, y):
     return jnp.fmod(x, y)
 
@@ -301,7 +228,7 @@ def _integer_pow(x, y):
     return result
 
 
-@lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote=DEFAULT)
+@lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote=Promotion.DEFAULT)
 def pow_(x, y):
     x = jnp.asarray(x)
     y_integer = isinstance(y, int) or (not isinstance(y, float)
@@ -334,12 +261,12 @@ def _gcd(x, y):
     return lax.fori_loop(0, steps, step, (a, b))[1]
 
 
-@lowers(aten.gcd.default, promote=DEFAULT)
+@lowers(aten.gcd.default, promote=Promotion.DEFAULT)
 def gcd(x, y):
     return _gcd(x, y)
 
 
-@lowers(aten.lcm.default, promote=DEFAULT)
+@lowers(aten.lcm.default, promote=Promotion.DEFAULT)
 def lcm(x, y):
     # CPU: |x / gcd * y| (0 when gcd is 0) in C++ arithmetic: 8/16-bit types are promoted
     # to int first, so the product wraps only when cast back.
@@ -357,27 +284,27 @@ def float_power(x, y):
     return jnp.power(jnp.asarray(x, dtype), jnp.asarray(y, dtype))
 
 
-@lowers(aten.atan2.default, promote=INT_TO_FLOAT)
+@lowers(aten.atan2.default, promote=Promotion.INT_TO_FLOAT)
 def atan2(x, y):
     return jnp.arctan2(x, y)
 
 
-@lowers(aten.hypot.default, promote=DEFAULT)
+@lowers(aten.hypot.default, promote=Promotion.DEFAULT)
 def hypot(x, y):
     return jnp.hypot(x, y)
 
 
-@lowers(aten.copysign.Tensor, aten.copysign.Scalar, promote=INT_TO_FLOAT)
+@lowers(aten.copysign.Tensor, aten.copysign.Scalar, promote=Promotion.INT_TO_FLOAT)
 def copysign(x, y):
     return jnp.copysign(x, y)
 
 
-@lowers(aten.nextafter.default, promote=DEFAULT)
+@lowers(aten.nextafter.default, promote=Promotion.DEFAULT, opmath=False)
 def nextafter(x, y):
     return jnp.nextafter(x, y)
 
 
-@lowers(aten.logaddexp.default, promote=DEFAULT)
+@lowers(aten.logaddexp.default, promote=Promotion.DEFAULT)
 def logaddexp(x, y):
     if jnp.iscomplexobj(x) or jnp.iscomplexobj(y):
         return _complex_logaddexp(x, y)
@@ -397,32 +324,32 @@ def _complex_logaddexp(x, y):
     return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), out.dtype), out)
 
 
-@lowers(aten.logaddexp2.default, promote=DEFAULT)
+@lowers(aten.logaddexp2.default, promote=Promotion.DEFAULT)
 def logaddexp2(x, y):
     return jnp.logaddexp2(x, y)
 
 
-@lowers(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other, promote=INT_TO_FLOAT)
+@lowers(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other, promote=Promotion.INT_TO_FLOAT)
 def xlogy(x, y):
     return jax.scipy.special.xlogy(x, y)
 
 
-@lowers(aten.maximum.default, promote=DEFAULT)
+@lowers(aten.maximum.default, promote=Promotion.DEFAULT)
 def maximum(x, y):
     return jnp.maximum(x, y)  # propagates NaN like torch.maximum
 
 
-@lowers(aten.minimum.default, promote=DEFAULT)
+@lowers(aten.minimum.default, promote=Promotion.DEFAULT)
 def minimum(x, y):
     return jnp.minimum(x, y)
 
 
-@lowers(aten.fmax.default, promote=DEFAULT)
+@lowers(aten.fmax.default, promote=Promotion.DEFAULT)
 def fmax(x, y):
     return jnp.fmax(x, y)
 
 
-@lowers(aten.fmin.default, promote=DEFAULT)
+@lowers(aten.fmin.default, promote=Promotion.DEFAULT)
 def fmin(x, y):
     return jnp.fmin(x, y)
 
@@ -440,16 +367,16 @@ def _bitwise(fn_bool, fn_int):
     return lower
 
 
-lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, promote=DEFAULT)(
+lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, promote=Promotion.DEFAULT)(
     _bitwise(jnp.logical_and, jnp.bitwise_and))
-lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, promote=DEFAULT)(
+lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, promote=Promotion.DEFAULT)(
     _bitwise(jnp.logical_or, jnp.bitwise_or))
-lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, promote=DEFAULT)(
+lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, promote=Promotion.DEFAULT)(
     _bitwise(jnp.logical_xor, jnp.bitwise_xor))
 
 
 @lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
-        aten.__lshift__.Tensor, aten.__lshift__.Scalar, promote=DEFAULT)
+        aten.__lshift__.Tensor, aten.__lshift__.Scalar, promote=Promotion.DEFAULT)
 def left_shift(x, y):
     bits = jnp.iinfo(x.dtype).bits
     y = jnp.asarray(y, x.dtype)
@@ -457,7 +384,7 @@ def left_shift(x, y):
 
 
 @lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
-        aten.__rshift__.Tensor, aten.__rshift__.Scalar, promote=DEFAULT)
+        aten.__rshift__.Tensor, aten.__rshift__.Scalar, promote=Promotion.DEFAULT)
 def right_shift(x, y):
     bits = jnp.iinfo(x.dtype).bits
     y = jnp.asarray(y, x.dtype)
@@ -465,17 +392,17 @@ def right_shift(x, y):
     return jnp.right_shift(x, clipped)
 
 
-@lowers(aten.logical_and.default, promote=DEFAULT)
+@lowers(aten.logical_and.default, promote=Promotion.DEFAULT)
 def logical_and(x, y):
     return jnp.logical_and(x, y)
 
 
-@lowers(aten.logical_or.default, promote=DEFAULT)
+@lowers(aten.logical_or.default, promote=Promotion.DEFAULT)
 def logical_or(x, y):
     return jnp.logical_or(x, y)
 
 
-@lowers(aten.logical_xor.default, promote=DEFAULT)
+@lowers(aten.logical_xor.default, promote=Promotion.DEFAULT)
 def logical_xor(x, y):
     return jnp.logical_xor(x, y)
 
@@ -486,25 +413,25 @@ for _name, _fn in {
     "gt": jnp.greater, "ge": jnp.greater_equal,
 }.items():
     _packet = getattr(aten, _name)
-    lowers(_packet.Tensor, _packet.Scalar, promote=DEFAULT)(
+    lowers(_packet.Tensor, _packet.Scalar, promote=Promotion.DEFAULT)(
         (lambda f: lambda x, y: f(x, y))(_fn))
 
 
 # ---- ternary / selection ---------------------------------------------------------------
 
 
-@lowers(aten.where.self)
+@lowers(aten.where.self, opmath=False)
 def where(condition, x, y):
     dtype = jnp.result_type(x, y)
     return jnp.where(condition, x.astype(dtype), y.astype(dtype))
 
 
-@lowers(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+@lowers(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, opmath=False)
 def where_scalar(condition, x, y):
     return jnp.where(condition, x, y)
 
 
-@lowers(aten.clamp.default, aten.clamp.Tensor, promote=DEFAULT)
+@lowers(aten.clamp.default, aten.clamp.Tensor, promote=Promotion.DEFAULT)
 def clamp(x, min=None, max=None):
     if min is not None:
         x = jnp.where(jnp.isnan(x) if jnp.issubdtype(x.dtype, jnp.inexact) else False, x, jnp.maximum(x, min))
@@ -517,76 +444,76 @@ def clamp(x, min=None, max=None):
     return x
 
 
-@lowers(aten.clamp_min.default, aten.clamp_min.Tensor, promote=DEFAULT)
+@lowers(aten.clamp_min.default, aten.clamp_min.Tensor, promote=Promotion.DEFAULT)
 def clamp_min(x, min):
     return clamp(x, min, None)
 
 
-@lowers(aten.clamp_max.default, aten.clamp_max.Tensor, promote=DEFAULT)
+@lowers(aten.clamp_max.default, aten.clamp_max.Tensor, promote=Promotion.DEFAULT)
 def clamp_max(x, max):
     return clamp(x, None, max)
 
 
-@lowers(aten.lerp.Scalar, aten.lerp.Tensor, promote=DEFAULT)
+@lowers(aten.lerp.Scalar, aten.lerp.Tensor, promote=Promotion.DEFAULT)
 def lerp(start, end, weight):
     # PyTorch's formula: exact at weight 0 and 1 and stable on both halves.
     diff = end - start
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
 
 
-@lowers(aten.addcmul.default, promote=DEFAULT)
+@lowers(aten.addcmul.default, promote=Promotion.DEFAULT)
 def addcmul(x, t1, t2, *, value=1):
     return x + value * t1 * t2
 
 
-@lowers(aten.addcdiv.default, promote=DEFAULT)
+@lowers(aten.addcdiv.default, promote=Promotion.DEFAULT)
 def addcdiv(x, t1, t2, *, value=1):
     return x + value * (t1 / t2)
 
 
-@lowers(aten.nan_to_num.default, static=("nan", "posinf", "neginf"))
+@lowers(aten.nan_to_num.default, static=("nan", "posinf", "neginf"), opmath=False)
 def nan_to_num(x, nan=None, posinf=None, neginf=None):
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return x
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
-@lowers(aten.fill.Scalar, aten.fill.Tensor)
+@lowers(aten.fill.Scalar, aten.fill.Tensor, opmath=False)
 def fill(x, value):
     return jnp.full(x.shape, value, x.dtype)
 
 
-@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor, opmath=False)
 def masked_fill(x, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
 
 
-@lowers(aten.zero.default)
+@lowers(aten.zero.default, opmath=False)
 def zero(x):
     return jnp.zeros(x.shape, x.dtype)
 
 
-@lowers(aten.clone.default)
+@lowers(aten.clone.default, opmath=False)
 def clone(x, *, memory_format=None):
     return x
 
 
-@lowers(aten.conj_physical.default)
+@lowers(aten.conj_physical.default, opmath=False)
 def conj(x):
     return jnp.conj(x) if jnp.iscomplexobj(x) else x
 
 
-@lowers(aten.real.default)
+@lowers(aten.real.default, opmath=False)
 def real(x):
     return jnp.real(x)
 
 
-@lowers(aten.imag.default)
+@lowers(aten.imag.default, opmath=False)
 def imag(x):
     return jnp.imag(x)
 
 
-@lowers(aten.angle.default, promote=INT_TO_FLOAT)
+@lowers(aten.angle.default, promote=Promotion.INT_TO_FLOAT)
 def angle(x):
     if jnp.iscomplexobj(x):
         return jnp.angle(x)
@@ -719,7 +646,7 @@ _FLOAT_BITS = {
 }
 
 
-@lowers(aten.frexp.Tensor)
+@lowers(aten.frexp.Tensor, opmath=False)
 def frexp(x):
     """Mantissa in [0.5, 1) and int32 exponent, computed on the bits: jnp.frexp gets
     subnormals wrong (XLA's CPU flushes them to zero), CPU gives their exact decomposition."""
@@ -746,3 +673,14 @@ def frexp(x):
     # zeros, infinities and NaN: the value itself and exponent 0 (as std::frexp gives)
     special = (field == exp_mask) | ((field == 0) & (mant == 0))
     return jnp.where(special, x, mantissa), jnp.where(special, 0, exponent).astype(jnp.int32)
+
+
+# ---- shrink backward ---------------------------------------------------------------------
+
+
+@lowers(aten.softshrink_backward.default, aten.hardshrink_backward.default)
+def shrink_backward(grad_out, self, lambd):
+    # CPU: zero gradient inside [-lambd, lambd], the incoming gradient elsewhere (NaN inputs
+    # are outside, so their gradient passes through).
+    inside = (self >= -lambd) & (self <= lambd)
+    return jnp.where(inside, jnp.zeros_like(grad_out), grad_out)

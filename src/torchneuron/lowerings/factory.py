@@ -20,6 +20,13 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return jnp.full(tuple(size), fill_value, _dtype(dtype))
 
 
+@lowers(aten.full_like.default, graph_only=True)
+def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
+              memory_format=None):
+    # Compiled graphs only: in eager mode full_like's composite kernel runs empty_like + fill_.
+    return jnp.full(self.shape, fill_value, to_jax_dtype(dtype) if dtype is not None else self.dtype)
+
+
 @lowers(aten._efficientzerotensor.default, static=("size",))
 def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     # Autograd's zero gradients (sgn's, ...): on this device an ordinary tensor of zeros.

@@ -459,7 +459,9 @@ def masked_scatter_backward(grad_output, mask, sizes):
     return out.reshape(tuple(sizes))
 
 
-@lowers(aten.nonzero.default, jit=False)
+# CPU's kernel fills an (ndim, n) buffer and returns its transpose: (n, ndim) with strides
+# (1, n). Composites (argwhere) hand that layout on.
+@lowers(aten.nonzero.default, jit=False, result_strides=lambda shape: (1, shape[0]))
 def nonzero(x):
     if x.ndim == 0:
         return jnp.zeros((1 if bool(x != 0) else 0, 0), INDEX)

@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import lowered_only_when, lowers
+from .registry import Promotion, lowers
 
 aten = torch.ops.aten
-DEFAULT = "DEFAULT"
 
 # float32 matmuls in full precision: XLA on some platforms would otherwise pick a faster,
 # less exact algorithm, and results must match CPU PyTorch.
@@ -23,33 +22,33 @@ def _matmul(a, b):
     return jnp.matmul(a, b, precision=_PRECISION)
 
 
-@lowers(aten.mm.default, promote=DEFAULT)
+@lowers(aten.mm.default, promote=Promotion.DEFAULT)
 def mm(x, y):
     return _matmul(x, y)
 
 
-@lowers(aten.bmm.default, promote=DEFAULT)
+@lowers(aten.bmm.default, promote=Promotion.DEFAULT)
 def bmm(x, y):
     return _matmul(x, y)
 
 
-@lowers(aten.matmul.default, promote=DEFAULT)
+@lowers(aten.matmul.default, promote=Promotion.DEFAULT)
 def matmul(x, y):
     return _matmul(x, y)
 
 
-@lowers(aten.dot.default, promote=DEFAULT)
+@lowers(aten.dot.default, promote=Promotion.DEFAULT)
 def dot(x, y):
     return jnp.dot(x, y, precision=_PRECISION)
 
 
-@lowers(aten.vdot.default, promote=DEFAULT)
+@lowers(aten.vdot.default, promote=Promotion.DEFAULT)
 def vdot(x, y):
     # vdot conjugates its first argument (sum(conj(x) * y)); dot does not.
     return jnp.dot(jnp.conj(x), y, precision=_PRECISION)
 
 
-@lowers(aten.mv.default, promote=DEFAULT)
+@lowers(aten.mv.default, promote=Promotion.DEFAULT)
 def mv(x, v):
     return _matmul(x, v)
 
@@ -94,19 +93,33 @@ def _is_number(value, number) -> bool:
     return isinstance(value, int | float) and value == number
 
 
-@lowers(aten.addmm.default)
+def _scalars_fit(arguments: dict) -> bool:
+    # For integer tensors CPU converts alpha/beta with an overflow check ("value cannot be
+    # converted to type uint8_t without overflow"): calls whose scalars fall outside the type's
+    # range go to CPU's kernel, which raises or wraps as it does.
+    dtype = arguments["self"].dtype
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return True
+    info = torch.iinfo(dtype)
+    return all(
+        not isinstance(v, int | float) or info.min <= v <= info.max
+        for v in (arguments.get("beta", 1), arguments.get("alpha", 1))
+    )
+
+
+@lowers(aten.addmm.default, only_when=_scalars_fit)
 def addmm(bias, x, y, *, beta=1, alpha=1):
     bias, x, y = _tensor_math(bias, x, y)
     return _scaled_sum(bias, _matmul(x, y), beta, alpha)
 
 
-@lowers(aten.baddbmm.default)
+@lowers(aten.baddbmm.default, only_when=_scalars_fit)
 def baddbmm(bias, x, y, *, beta=1, alpha=1):
     bias, x, y = _tensor_math(bias, x, y)
     return _scaled_sum(bias, _matmul(x, y), beta, alpha)
 
 
-@lowers(aten.addbmm.default)
+@lowers(aten.addbmm.default, only_when=_scalars_fit)
 def addbmm(bias, x, y, *, beta=1, alpha=1):
     dtype = jnp.result_type(bias, x, y)
     if dtype in (jnp.float16, jnp.bfloat16) and x.shape[0] > 0:
@@ -122,13 +135,13 @@ def addbmm(bias, x, y, *, beta=1, alpha=1):
     return _scaled_sum(bias, jnp.sum(_matmul(x, y), axis=0), beta, alpha)
 
 
-@lowers(aten.addmv.default)
+@lowers(aten.addmv.default, only_when=_scalars_fit)
 def addmv(bias, x, v, *, beta=1, alpha=1):
     bias, x, v = _tensor_math(bias, x, v)
     return _scaled_sum(bias, _matmul(x, v), beta, alpha)
 
 
-@lowers(aten.addr.default)
+@lowers(aten.addr.default, only_when=_scalars_fit)
 def addr(bias, u, v, *, beta=1, alpha=1):
     dtype = jnp.result_type(bias, u, v)
     if dtype in (jnp.float16, jnp.bfloat16):
@@ -155,30 +168,12 @@ def _half_addr(bias, u, v, beta, alpha, dtype):
     return total.astype(dtype)
 
 
-def _scalars_fit(arguments: dict) -> bool:
-    # For integer tensors CPU converts alpha/beta with an overflow check ("value cannot be
-    # converted to type uint8_t without overflow"): calls whose scalars fall outside the type's
-    # range go to CPU's kernel, which raises or wraps as it does.
-    dtype = arguments["self"].dtype
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-        return True
-    info = torch.iinfo(dtype)
-    return all(
-        not isinstance(v, int | float) or info.min <= v <= info.max
-        for v in (arguments.get("beta", 1), arguments.get("alpha", 1))
-    )
-
-
-lowered_only_when(_scalars_fit, aten.addmm.default, aten.baddbmm.default, aten.addbmm.default,
-                  aten.addmv.default, aten.addr.default)
-
-
-@lowers(aten.outer.default, promote=DEFAULT)
+@lowers(aten.outer.default, promote=Promotion.DEFAULT)
 def outer(u, v):
     return jnp.outer(u, v)
 
 
-@lowers(aten._addmm_activation.default, promote=DEFAULT, static=("use_gelu",))
+@lowers(aten._addmm_activation.default, promote=Promotion.DEFAULT, static=("use_gelu",))
 def addmm_activation(bias, x, y, *, beta=1, alpha=1, use_gelu=False):
     import jax
 
@@ -254,7 +249,8 @@ def _vectors_ok(arguments: dict) -> bool:
     return _HIDDEN.depth > 0
 
 
-@lowers(aten._linalg_svd.default, static=("full_matrices", "compute_uv"))
+@lowers(aten._linalg_svd.default, static=("full_matrices", "compute_uv"),
+        only_when=lambda a: not a["compute_uv"] or _vectors_ok(a))
 def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     # CPU ignores `driver` (a cuSOLVER choice).
     if not compute_uv:
@@ -263,17 +259,12 @@ def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     return lax.linalg.svd(A, full_matrices=full_matrices, compute_uv=True)
 
 
-lowered_only_when(lambda a: not a["compute_uv"] or _vectors_ok(a), aten._linalg_svd.default)
-
-
-@lowers(aten._linalg_eigh.default, static=("UPLO", "compute_v"))
+@lowers(aten._linalg_eigh.default, static=("UPLO", "compute_v"),
+        only_when=lambda a: not a["compute_v"] or _vectors_ok(a))
 def linalg_eigh(A, UPLO="L", compute_v=True):
     # LAPACK reads only the UPLO triangle: JAX reads the lower one.
     v, w = lax.linalg.eigh(A, lower=UPLO == "L", symmetrize_input=False)
     return w, (v if compute_v else _empty(A.dtype))
-
-
-lowered_only_when(lambda a: not a["compute_v"] or _vectors_ok(a), aten._linalg_eigh.default)
 
 
 def _cholesky_unblocked(a):
@@ -379,15 +370,12 @@ def linalg_eigvals_out(A, *, out=None):
     return linalg_eigvals(A)
 
 
-@lowers(aten.linalg_eig.default)
+@lowers(aten.linalg_eig.default, only_when=_vectors_ok)
 def linalg_eig(A):
-    # Only inside eigvals (see lowered_only_when): JAX's eigenvectors are scaled otherwise than
+    # Only inside eigvals (only_when): JAX's eigenvectors are scaled otherwise than
     # PyTorch's (MKL's), which eigvals' gradient does not see.
     w, v = lax.linalg.eig(A, compute_left_eigenvectors=False)
     return w, v
-
-
-lowered_only_when(_vectors_ok, aten.linalg_eig.default)
 
 
 def _hiding_vectors(op, composite_key):

@@ -10,20 +10,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from .registry import lowers
+from .registry import lowers, upcast_half
 
 aten = torch.ops.aten
 
 
-def _opmath(x):
-    return x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
-
-
 def _unscale(grads, grad_scale):
     if grad_scale is None:
-        return [_opmath(g) for g in grads], [None] * len(grads)
+        return [upcast_half(g) for g in grads], [None] * len(grads)
     scale = grad_scale.reshape(()).astype(jnp.float32)
-    unscaled = [_opmath(g) / scale for g in grads]
+    unscaled = [upcast_half(g) / scale for g in grads]
     return unscaled, [u.astype(g.dtype) for u, g in zip(unscaled, grads)]
 
 
@@ -40,7 +36,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr
     new_params, new_avgs, new_sqs, new_maxes = [], [], [], []
     lr = jnp.asarray(lr, jnp.float64).reshape(())
     for i, (p, g) in enumerate(zip(params, grads_f)):
-        pf = _opmath(p)
+        pf = upcast_half(p)
         if maximize:
             g = -g
         if weight_decay != 0:
@@ -49,15 +45,15 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr
             else:
                 g = g + pf * weight_decay
         step = state_steps[i].reshape(()).astype(jnp.float64)
-        avg = _opmath(exp_avgs[i])
-        sq = _opmath(exp_avg_sqs[i])
+        avg = upcast_half(exp_avgs[i])
+        sq = upcast_half(exp_avg_sqs[i])
         avg = avg + (g - avg) * (1 - beta1)
         sq = sq * beta2 + (g * g) * (1 - beta2)
         bias1 = 1 - jnp.power(jnp.asarray(beta1, jnp.float64), step)
         bias2_sqrt = jnp.sqrt(1 - jnp.power(jnp.asarray(beta2, jnp.float64), step))
         step_size = (lr / bias1).astype(pf.dtype)
         if amsgrad:
-            running_max = jnp.maximum(_opmath(max_exp_avg_sqs[i]), sq)
+            running_max = jnp.maximum(upcast_half(max_exp_avg_sqs[i]), sq)
             denom = jnp.sqrt(running_max) / bias2_sqrt.astype(pf.dtype) + eps
             new_maxes.append(_skip_if_inf(found_inf, running_max, max_exp_avg_sqs[i]))
         else:
@@ -96,14 +92,14 @@ def fused_sgd(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, 
     lr = jnp.asarray(lr).reshape(())
     new_params, new_bufs = [], []
     for i, (p, g) in enumerate(zip(self, grads_f)):
-        pf = _opmath(p)
+        pf = upcast_half(p)
         if maximize:
             g = -g
         if weight_decay != 0:
             g = g + pf * weight_decay
         if momentum != 0:
             buf = g if is_first_step else (
-                _opmath(momentum_buffer_list[i]) * momentum + g * (1 - dampening))
+                upcast_half(momentum_buffer_list[i]) * momentum + g * (1 - dampening))
             new_bufs.append(_skip_if_inf(found_inf, buf, momentum_buffer_list[i]))
             g = g + buf * momentum if nesterov else buf
         pf = pf - lr.astype(pf.dtype) * g
@@ -120,7 +116,7 @@ def amp_non_finite_check_and_unscale(self, found_inf, inv_scale):
     scaled = []
     for t in self:
         bad = bad | ~jnp.all(jnp.isfinite(t))
-        scaled.append((_opmath(t) * inv).astype(t.dtype))
+        scaled.append((upcast_half(t) * inv).astype(t.dtype))
     new_found = jnp.where(bad, jnp.ones_like(found_inf), found_inf)
     return (*scaled, new_found)
 

@@ -17,11 +17,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
 from .dtypes import float_or_default, to_jax_dtype
-from .registry import lowers
+from .registry import Promotion, lowers, upcast_half
 
 aten = torch.ops.aten
 INDEX = jnp.int64
@@ -72,10 +73,6 @@ def _accumulate(x, dtype=None):
     return x
 
 
-def _upcast_half(x):
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
-
-
 def _reduced_shape(x, axes, keepdim):
     return tuple(1 if i in axes else s for i, s in enumerate(x.shape) if keepdim or i not in axes)
 
@@ -113,7 +110,7 @@ def nansum(x, dim=None, keepdim=False, *, dtype=None):
 def mean_dim(x, dim, keepdim=False, *, dtype=None):
     if dtype is not None:
         x = x.astype(to_jax_dtype(dtype))
-    return jnp.mean(_upcast_half(x), axis=_axes(x, dim), keepdims=keepdim)
+    return jnp.mean(upcast_half(x), axis=_axes(x, dim), keepdims=keepdim)
 
 
 @lowers(aten.mean.default)
@@ -145,7 +142,7 @@ def count_nonzero(x, dim=None):
 
 
 def _var_mean(x, dim, correction, keepdim):
-    x = _upcast_half(x)
+    x = upcast_half(x)
     axes = _axes(x, dim)
     n = math.prod(x.shape[a] for a in axes)
     mean = jnp.mean(x, axis=axes, keepdims=True)
@@ -282,7 +279,7 @@ def any_dims(x, dim=None, keepdim=False):
 
 @lowers(aten.logsumexp.default)
 def logsumexp(x, dim, keepdim=False):
-    x = _upcast_half(float_or_default(x))
+    x = upcast_half(float_or_default(x))
     axes = _axes(x, dim)
     if any(x.shape[a] == 0 for a in axes):
         return jnp.full(_reduced_shape(x, axes, keepdim), -jnp.inf, x.dtype)
@@ -292,7 +289,7 @@ def logsumexp(x, dim, keepdim=False):
 def _vector_norm(x, ord, dim, keepdim, dtype):
     if dtype is not None:
         x = x.astype(to_jax_dtype(dtype))
-    a = _upcast_half(jnp.abs(float_or_default(x)))
+    a = upcast_half(jnp.abs(float_or_default(x)))
     axes = _axes(a, dim)
     ord = float(ord)
     if ord == math.inf:
@@ -355,7 +352,7 @@ def logcumsumexp(x, dim):
     x = float_or_default(x)
     # CPU accumulates float32 in double (acc_type<float, false>): with large entries
     # (|x| ~ 1e4) a float32 scan loses ~1e-3 relative, visible in the backward's exp().
-    x = x.astype(jnp.float64) if x.dtype == jnp.float32 else _upcast_half(x)
+    x = x.astype(jnp.float64) if x.dtype == jnp.float32 else upcast_half(x)
     axis = _axis(x, dim)
     if axis is None or x.shape[axis] == 0:
         return x
@@ -547,7 +544,9 @@ def _mode_1d(row):
     return values[first], idx[last]
 
 
-@lowers(aten.mode.default)
+# mode.values' composite kernel refuses devices other than CPU/CUDA/XPU ("mode only supports
+# CPU, CUDA and XPU device type"): it gets a kernel of its own, derived from this lowering.
+@lowers(aten.mode.default, direct_kernels=(aten.mode.values,))
 def mode(x, dim=-1, keepdim=False):
     axis = _axis(x, dim)
     if axis is None:
@@ -619,7 +618,7 @@ def unique2(x, sorted=True, return_inverse=False, return_counts=False):
 
 @lowers(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
-    x = _upcast_half(x)
+    x = upcast_half(x)
     lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
     if x.size:
         finite = jnp.isfinite(x)
@@ -666,7 +665,7 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     return values, group, counts
 
 
-@lowers(aten.equal.default, promote="DEFAULT")
+@lowers(aten.equal.default, promote=Promotion.DEFAULT)
 def equal(x, y):
     """torch.equal: same shape and every element equal (NaN != NaN); mixed dtypes compare
     after promotion, as CPU does."""
@@ -781,3 +780,29 @@ def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets
         result = g_el * jnp.where(is_zero | is_nan, exclusive, ratio)
     result = jnp.where(valid, result, zero)
     return result.reshape(data.shape)
+
+
+# ---- hash_tensor ----------------------------------------------------------------------------
+
+
+@lowers(aten.hash_tensor.default)
+def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
+    """xor of the elements' bits after widening to 64 bits (float64 / int64 / uint64)."""
+    dt = self.dtype
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor only supports mode=0 (xor), got {mode}")
+    if jnp.issubdtype(dt, jnp.floating):
+        bits = lax.bitcast_convert_type(self.astype(jnp.float64), jnp.uint64)
+    elif dt == jnp.uint8:
+        bits = self.astype(jnp.uint64)
+    elif dt == jnp.bool_ or jnp.issubdtype(dt, jnp.signedinteger):
+        bits = lax.bitcast_convert_type(self.astype(jnp.int64), jnp.uint64)
+    else:
+        raise NotImplementedError(f'"xor_sum_cpu" not implemented for {dt}')
+    if self.ndim == 0:  # dim 0 / -1 of a scalar is the scalar itself
+        return bits
+    dims = tuple(d % self.ndim for d in dim) if dim else tuple(range(self.ndim))
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, dims)
+    if keepdim:
+        out = jnp.expand_dims(out, dims)
+    return out

@@ -44,6 +44,15 @@ def flip(x, dims):
     return jnp.flip(x, axis=tuple(dims)) if dims else x
 
 
+@lowers(aten.narrow_copy.default)
+def narrow_copy(x, dim, start, length):
+    # PyTorch's meta kernel has checked dim/start/length (errors as CPU's, through the
+    # runtime's error replay); narrow_copy's composite kernel would raise IndexError instead.
+    axis = dim % x.ndim
+    start = start % x.shape[axis] if start < 0 else start
+    return jax.lax.slice_in_dim(x, start, start + length, axis=axis)
+
+
 @lowers(aten.roll.default)
 def roll(x, shifts, dims=()):
     if not dims:

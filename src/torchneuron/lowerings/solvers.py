@@ -15,7 +15,7 @@ import torch
 from jax import lax
 from jax.lax import linalg as lax_linalg
 
-from .registry import lowered_only_when, lowers
+from .registry import lowers
 
 aten = torch.ops.aten
 
@@ -396,7 +396,13 @@ def _mexp(a: jax.Array) -> jax.Array:
     return jnp.where(norm_b >= thetas[4], squared, result)
 
 
-@lowers(aten.linalg_matrix_exp.default)
+def _double_precision(arguments: dict) -> bool:
+    a = arguments["self"]
+    value = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+    return getattr(value, "dtype", None) in (torch.float64, torch.complex128)
+
+
+@lowers(aten.linalg_matrix_exp.default, only_when=_double_precision)
 def linalg_matrix_exp(a):
     if a.size == 0:
         return a
@@ -405,20 +411,11 @@ def linalg_matrix_exp(a):
     return _mexp(a)
 
 
-def _double_precision(arguments: dict) -> bool:
-    a = arguments["self"]
-    value = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-    return getattr(value, "dtype", None) in (torch.float64, torch.complex128)
-
-
-lowered_only_when(_double_precision, aten.linalg_matrix_exp.default)
-
-
 # ----------------------------------------------------------------------------------------
 # LDL (Bunch-Kaufman), as LAPACK's unblocked sytf2/sytrs with uplo='L'
 #
 # The pivot choices and the compact LD layout are LAPACK's, step for step. The complex
-# Hermitian variants (hetrf/hetrs) are not lowered (see lowered_only_when below).
+# Hermitian variants (hetrf/hetrs) are not lowered (only_when on the two lowerings below).
 
 
 def _cabs1(x: jax.Array) -> jax.Array:
@@ -507,7 +504,15 @@ def _batched(fn, *arrays: jax.Array, cores: tuple[int, ...]):
     return jax.tree_util.tree_map(lambda o: o.reshape(batch + o.shape[1:]), out)
 
 
-@lowers(aten.linalg_ldl_factor_ex.default)
+def _not_complex_hermitian(arguments: dict) -> bool:
+    if not arguments.get("hermitian"):
+        return True
+    first = arguments.get("self", arguments.get("LD"))
+    value = first.meta.get("val") if isinstance(first, torch.fx.Node) else first
+    return not getattr(value, "is_complex", lambda: True)()
+
+
+@lowers(aten.linalg_ldl_factor_ex.default, only_when=_not_complex_hermitian)
 def linalg_ldl_factor_ex(a, *, hermitian=False, check_errors=False):
     n = a.shape[-1]
     batch = a.shape[:-2]
@@ -567,21 +572,9 @@ def _sytrs_lower(ld: jax.Array, ipiv: jax.Array, b: jax.Array) -> jax.Array:
     return b
 
 
-@lowers(aten.linalg_ldl_solve.default)
+@lowers(aten.linalg_ldl_solve.default, only_when=_not_complex_hermitian)
 def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
     if ld.size == 0 or b.size == 0:
         ld, pivots, b = _broadcast_batch(ld, pivots, b, cores=(2, 1, 2))
         return jnp.zeros(b.shape, jnp.result_type(ld, b))
     return _batched(_sytrs_lower, ld, pivots, b, cores=(2, 1, 2))
-
-
-def _not_complex_hermitian(arguments: dict) -> bool:
-    if not arguments.get("hermitian"):
-        return True
-    first = arguments.get("self", arguments.get("LD"))
-    value = first.meta.get("val") if isinstance(first, torch.fx.Node) else first
-    return not getattr(value, "is_complex", lambda: True)()
-
-
-lowered_only_when(_not_complex_hermitian, aten.linalg_ldl_factor_ex.default,
-                  aten.linalg_ldl_solve.default)

@@ -19,10 +19,9 @@ import jax.scipy.special as jss
 import torch
 from jax import lax
 
-from .registry import lowers
+from .registry import Promotion, lowers
 
 aten = torch.ops.aten
-INT_TO_FLOAT = "INT_TO_FLOAT"
 
 _F64 = jnp.float64
 
@@ -358,7 +357,7 @@ for _op, _fn in {
     aten.special_i0e.default: jss.i0e, aten.special_i1.default: jss.i1,
     aten.special_i1e.default: jss.i1e,
 }.items():
-    lowers(_op, promote=INT_TO_FLOAT)(lambda x, _fn=_fn: _fn(_float(x)))
+    lowers(_op, promote=Promotion.INT_TO_FLOAT)(lambda x, _fn=_fn: _fn(_float(x)))
 
 
 # ---- orthogonal polynomials ---------------------------------------------------------------------
@@ -534,7 +533,7 @@ for _name, _fn in {
     "laguerre_polynomial_l": _laguerre, "legendre_polynomial_p": _legendre,
 }.items():
     _packet = getattr(aten, "special_" + _name)
-    lowers(_packet.default, _packet.x_scalar, _packet.n_scalar, promote=INT_TO_FLOAT)(
+    lowers(_packet.default, _packet.x_scalar, _packet.n_scalar, promote=Promotion.INT_TO_FLOAT)(
         _polynomial(_fn))
 
 
@@ -636,7 +635,7 @@ def _f64(fn: Callable) -> Callable:
     return wrapped
 
 
-@lowers(aten.polygamma.default, promote=INT_TO_FLOAT)
+@lowers(aten.polygamma.default, promote=Promotion.INT_TO_FLOAT)
 def polygamma(n: int, self):
     x = _float(self)
     if n == 0:
@@ -652,20 +651,20 @@ def polygamma(n: int, self):
     return general(x).astype(x.dtype)
 
 
-@lowers(aten.polygamma_.default, promote=INT_TO_FLOAT)
+@lowers(aten.polygamma_.default, promote=Promotion.INT_TO_FLOAT)
 def polygamma_(self, n: int):
     # The in-place overload takes (self, n), the functional (n, self): the runtime's derived
     # in-place variant would pass them crossed, so it is lowered directly.
     return polygamma(n, self)
 
 
-@lowers(aten.digamma.default, promote=INT_TO_FLOAT)
+@lowers(aten.digamma.default, promote=Promotion.INT_TO_FLOAT)
 def digamma(self):
     return _f64(_digamma)(_float(self))
 
 
 @lowers(aten.special_zeta.default, aten.special_zeta.self_scalar, aten.special_zeta.other_scalar,
-        promote=INT_TO_FLOAT)
+        promote=Promotion.INT_TO_FLOAT)
 def special_zeta(self, other):
     x, q = _as_common(self, other)
     return _zeta(x, q).astype(x.dtype)
@@ -697,14 +696,14 @@ def _igamma_edges(a: jax.Array, x: jax.Array, r: jax.Array, lower: bool) -> jax.
     return jnp.where((x < 0) | (a < 0), jnp.nan, r)
 
 
-@lowers(aten.igamma.default, promote="DEFAULT")
+@lowers(aten.igamma.default, promote=Promotion.DEFAULT)
 def igamma(self, other):
     _floating_only("igamma", self, other)
     a, x = _as_common(self, other)
     return _f64(lambda a, x: _igamma_edges(a, x, jss.gammainc(a, x), True))(a, x)
 
 
-@lowers(aten.igammac.default, promote="DEFAULT")
+@lowers(aten.igammac.default, promote=Promotion.DEFAULT)
 def igammac(self, other):
     _floating_only("igammac", self, other)
     a, x = _as_common(self, other)
@@ -754,7 +753,7 @@ def _log_ndtr(x: jax.Array) -> jax.Array:
     return jnp.where(x < -1.0, low, high)
 
 
-lowers(aten.special_erfcx.default, promote=INT_TO_FLOAT)(
+lowers(aten.special_erfcx.default, promote=Promotion.INT_TO_FLOAT)(
     lambda x: _erfcx(_float(x)).astype(_float(x).dtype))
-lowers(aten.special_log_ndtr.default, promote=INT_TO_FLOAT)(lambda x: _log_ndtr(_float(x)))
-lowers(aten.special_ndtri.default, promote=INT_TO_FLOAT)(lambda x: _f64(jss.ndtri)(_float(x)))
+lowers(aten.special_log_ndtr.default, promote=Promotion.INT_TO_FLOAT)(lambda x: _log_ndtr(_float(x)))
+lowers(aten.special_ndtri.default, promote=Promotion.INT_TO_FLOAT)(lambda x: _f64(jss.ndtri)(_float(x)))

@@ -27,10 +27,15 @@ def _infer(shape, numel):
     return tuple(shape)
 
 
-@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-        aten._reshape_alias.default, aten.view_copy.default)
+@lowers(aten.view.default, aten.reshape.default, aten._reshape_alias.default,
+        aten.view_copy.default)
 def view(x, size, *stride_ignored):
     return x.reshape(_infer(size, x.size))
+
+
+# Composite kernels rely on `_unsafe_view` sharing its input's storage although its schema
+# does not say so (`kron.out` writes its result through it).
+lowers(aten._unsafe_view.default, aliases_input=True)(view)
 
 
 @lowers(aten.alias.default, aten.lift_fresh_copy.default, aten.lift_fresh.default,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 from collections import namedtuple
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import config
-from . import platform, rng, storage
+from . import autocast, dispatch, platform, rng, serialization, storage
 from .storage import STATS
 
 DEVICE_NAME = "neuron"
@@ -202,23 +204,14 @@ class NeuronModule:
     @staticmethod
     def empty_cache() -> None:
         # Buffers are freed with their storages; nothing is cached beyond live tensors.
-        import gc
-
         gc.collect()
 
 
 def is_available() -> bool:
-    try:
-        return len(platform.jax_devices()) > 0
-    except RuntimeError:
-        return False
+    return platform.device_count() > 0
 
 
-def device_count() -> int:
-    try:
-        return len(platform.jax_devices())
-    except RuntimeError:
-        return 0
+device_count = platform.device_count
 
 
 def set_device(device: Any) -> None:
@@ -245,8 +238,6 @@ def get_device_properties(device: Any = None):
     except Exception:  # the CPU client has no memory stats
         total = 0
     if not total:
-        import os
-
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return _DeviceProperties(f"neuron ({platform.platform_name()}: {kind})", jdev.platform, total, str(jdev))
 
@@ -283,8 +274,6 @@ def register() -> None:
         _setup_privateuseone_for_python_backend(
             DEVICE_NAME, backend_module=module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
-        from . import autocast, dispatch, serialization
-
         dispatch.install()
         autocast.install()
         _keep_shared_parameters_shared()

@@ -44,3 +44,11 @@ def jax_device(index: int = 0) -> jax.Device:
             f"Invalid device ordinal neuron:{index}: {len(devices)} device(s) are available"
         )
     return devices[index]
+
+
+def device_count() -> int:
+    """How many neuron devices there are (0 when the platform is unavailable)."""
+    try:
+        return len(jax_devices())
+    except RuntimeError:
+        return 0

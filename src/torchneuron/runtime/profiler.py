@@ -1,18 +1,19 @@
-"""torch.profiler support: each op on the neuron device becomes a record named after its path.
+"""torch.profiler support: each op on the neuron device becomes a record named after its route.
 
 While a `torch.profiler.profile()` (or `torch.autograd.profiler.profile()`) is running, the
-dispatcher (runtime/dispatch.py) sends every neuron op through `profiled`, which wraps it in
-`torch.autograd.profiler.record_function("neuron::<path>::<op>")`, for example
+router (runtime/dispatch.py) runs every neuron op inside `record(route, op)`, a
+`torch.autograd.profiler.record_function("neuron::<route>::<op>")`, for example
 
     neuron::native::aten.mm.default        a lowering, run as an XLA executable
-    neuron::decomposed::aten.var.correction a PyTorch decomposition into other neuron ops
+    neuron::decomposed::aten.var.correction a decomposition into other neuron ops
     neuron::fallback::aten.foo.default     no lowering: ran on the CPU and was copied back
     neuron::view::aten.view.default        a view (metadata only, CPU kernel on shared storage)
-    neuron::special::aten.copy_.default    copies, factories, resize (runtime handlers)
+    neuron::handler::aten.copy_.default    copies, factories, resize (the runtime's own kernels)
 
-The records sit inside PyTorch's own `aten::<op>` records, so `prof.key_averages()` shows
-both the op and the path it took, with CPU times (the neuron CPU client runs synchronously, so
-CPU time is the op's time). Outside a profiler, dispatch pays one attribute check per op.
+The route is the one the call took (the same value the op counters record). The records sit
+inside PyTorch's own `aten::<op>` records, so `prof.key_averages()` shows both the op and the
+route it took, with CPU times (the neuron CPU client runs synchronously, so CPU time is the
+op's time). Outside a profiler, the router pays one attribute check per op.
 """
 
 from __future__ import annotations
@@ -21,43 +22,27 @@ from typing import Any
 
 from torch.autograd.profiler import record_function
 
-from . import dispatch
+from .plan import Route, plan_for
 
 PREFIX = "neuron::"
 
 
 def path_of(op) -> str:
-    """Which path `dispatch.neuron_fallback` takes for `op` now."""
-    if op in dispatch.SPECIAL:
-        return "special"
-    plan = dispatch.plan_for(op)
-    if plan.is_view:
-        return "view"
-    if plan.lowering is not None or plan.functional is not None:
-        return "native"
-    if plan.decomposition is not None and op not in dispatch._decomposing:
-        return "decomposed"
-    if plan.out_args:
-        functional = dispatch._functional_overload(op)
-        if functional is not None and (
-            functional in dispatch.LOWERINGS or functional in dispatch.torch._decomp.decomposition_table
-        ):
-            return "decomposed"
-    return "fallback"
+    """The route calls of `op` take when no `only_when` turns them away."""
+    return plan_for(op).route.label
 
 
-def record_name(op) -> str:
-    return f"{PREFIX}{path_of(op)}::{op}"
+def record_name(route: Route, op) -> str:
+    return f"{PREFIX}{route.label}::{op}"
 
 
-def profiled(run, op, args: tuple, kwargs: dict) -> Any:
-    """Run `run(op, *args, **kwargs)` inside a profiler record named after the op's path."""
-    with record_function(record_name(op)):
-        return run(op, *args, **kwargs)
+def record(route: Route, op) -> record_function:
+    """The profiler record of one call of `op` that took `route`."""
+    return record_function(record_name(route, op))
 
 
 def neuron_records(prof) -> dict[str, dict[str, Any]]:
-    """From a finished profiler: 'neuron::<path>::<op>' -> {path, op, count, cpu_time_total_us}."""
+    """From a finished profiler: 'neuron::<route>::<op>' -> {path, op, count, cpu_time_total_us}."""
     out: dict[str, dict[str, Any]] = {}
     for event in prof.key_averages():
         if not event.key.startswith(PREFIX):

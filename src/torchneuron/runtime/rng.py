@@ -25,9 +25,11 @@ import threading
 import weakref
 from typing import Any
 
+import jax
+import numpy as np
 import torch
 
-from . import _generator
+from . import _generator, platform
 
 _DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val, as for CPU and CUDA
 _MASK = 0xFFFF_FFFF_FFFF_FFFF
@@ -146,9 +148,7 @@ def generator(index: int = 0):
     """The default generator of neuron:`index` (a torch.Generator, or a DeviceGenerator)."""
     gen = _DEFAULTS.get(index)
     if gen is None:
-        from . import device
-
-        if not 0 <= index < max(device.device_count(), 1):
+        if not 0 <= index < max(platform.device_count(), 1):
             raise RuntimeError(f"Invalid device ordinal neuron:{index}")
         gen = _generator.default_generator(index) if _native else DeviceGenerator(index)
         gen = _DEFAULTS.setdefault(index, gen)
@@ -156,9 +156,7 @@ def generator(index: int = 0):
 
 
 def default_generators() -> tuple:
-    from . import device
-
-    return tuple(generator(i) for i in range(device.device_count()))
+    return tuple(generator(i) for i in range(platform.device_count()))
 
 
 def next_draw(explicit=None, device_index: int = 0) -> tuple[int, int]:
@@ -210,8 +208,6 @@ def set_state(new_state: torch.Tensor, index: int = 0) -> None:
 
 def split_draw(draw: tuple[int, int]) -> tuple:
     """The four uint32 words of a (seed, offset) draw, as executable inputs."""
-    import numpy as np
-
     seed, offset = draw
     mask = 0xFFFF_FFFF
     return tuple(
@@ -221,8 +217,6 @@ def split_draw(draw: tuple[int, int]) -> tuple:
 
 def fold_key(words):
     """The JAX key for one draw, from `split_draw`'s words; traced inside an executable."""
-    import jax
-
     key = jax.random.key(words[0])
     for word in words[1:]:
         key = jax.random.fold_in(key, word)

@@ -124,6 +124,17 @@ def resize_payload(storage, nbytes: int) -> None:
     payload.buf = grown.at[:keep].set(old[:keep]) if keep else grown
 
 
+def grown_storage(old, nbytes: int, dtype: torch.dtype):
+    """A new, larger storage that starts with `old`'s contents (`resize_` past its end)."""
+    new = new_storage(nbytes, dtype)
+    if old.nbytes():
+        buf = storage_buffer(old, dtype)
+        if buf.shape[0]:
+            count = nbytes // dtype.itemsize
+            set_storage_buffer(new, jnp.zeros((count,), buf.dtype).at[: buf.shape[0]].set(buf), dtype)
+    return new
+
+
 def storage_size_for(shape, stride, offset: int = 0) -> int:
     """Number of elements a storage needs for the given view (0 for an empty tensor)."""
     if any(s == 0 for s in shape):
@@ -154,6 +165,16 @@ def new_tensor(shape, dtype: torch.dtype, stride=None, buf=None, device_index: i
     storage = new_storage(numel * dtype.itemsize, dtype, buf, device_index)
     tensor = torch._C._acc.create_empty_tensor(shape, dtype)
     return attach(tensor, storage, 0, shape, stride)
+
+
+def ready_buffer(tensor: torch.Tensor) -> jax.Array | None:
+    """The hot path's read: the flat buffer behind a neuron tensor when its storage already
+    holds one in the tensor's dtype, else None (then `storage_buffer` materializes or
+    reinterprets). None also for tensors of other devices, which carry no payload."""
+    payload = getattr(tensor.untyped_storage(), _PAYLOAD_ATTR, None)
+    if payload is not None and payload.dtype is tensor.dtype:
+        return payload.buf
+    return None
 
 
 def storage_buffer(storage, dtype: torch.dtype) -> jax.Array:

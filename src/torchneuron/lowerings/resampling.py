@@ -1,12 +1,9 @@
-"""Less common NN ops that used to run on CPU: antialiased and bicubic resampling backward,
-grid sampling, embedding bags, histograms, tensor hashing.
+"""Resampling: nearest, bilinear (plain and antialiased) and bicubic upsampling, and grid
+sampling, forward and backward.
 
-Conventions (see docs/LOWERINGS.md): tensors arrive as `jax.Array`s of their logical shape and
-results are cast to the meta kernel's dtype by the runtime. Interpolation weights are computed
-with numpy in the input's precision (float32 for float32/half inputs, float64 for float64), in
-the order PyTorch's CPU kernels compute them, so that index choices at rounding boundaries
-agree with CPU's.
-"""
+Interpolation weights are computed with numpy in the input's precision (float32 for
+float32/half inputs, float64 for float64), in the order PyTorch's CPU kernels compute them, so
+that index choices at rounding boundaries agree with CPU's."""
 
 from __future__ import annotations
 
@@ -16,17 +13,148 @@ import numpy as np
 import torch
 from jax import lax
 
-from .nn import _max_pool_backward, _opmath, _scale_value
-from .registry import lowered_only_when, lowers
+from .registry import cpu_kernel_unless, lowers, upcast_half
 
 aten = torch.ops.aten
 
 HIGHEST = lax.Precision.HIGHEST
 
 
-def _ftype(x) -> type:
+# ---- up- and downsampling -----------------------------------------------------------
+
+
+def _apply_axis_matrices(x, mats, transpose=False):
+    """Contract each of the last len(mats) axes of x with its (out, in) matrix."""
+    n = len(mats)
+    for axis, m in enumerate(mats):
+        ax = x.ndim - n + axis
+        m = jnp.asarray(m, x.dtype)
+        m = m if transpose else m.T
+        x = jnp.moveaxis(jnp.tensordot(jnp.moveaxis(x, ax, -1), m, axes=1, precision=HIGHEST),
+                         -1, ax)
+    return x
+
+
+def _scale_value(scale, in_size, out_size, ftype):
+    """PyTorch's compute_scales_value: 1/scale when given, else in/out."""
+    if scale is not None and scale > 0:
+        return ftype(1.0 / scale)
+    return ftype(in_size) / ftype(out_size)
+
+
+def _nearest_matrix(in_size, out_size, scale):
+    m = np.zeros((out_size, in_size), np.float64)
+    if out_size == in_size:
+        src = np.arange(out_size)
+    elif out_size == 2 * in_size:
+        src = np.arange(out_size) >> 1
+    else:
+        s = _scale_value(scale, in_size, out_size, np.float32)
+        src = np.minimum(np.floor(np.arange(out_size, dtype=np.float32) * s).astype(np.int64),
+                         in_size - 1)
+    m[np.arange(out_size), src] = 1.0
+    return m
+
+
+def _linear_matrix(in_size, out_size, align_corners, scale, ftype):
+    if align_corners:
+        s = ftype(in_size - 1) / ftype(out_size - 1) if out_size > 1 else ftype(0)
+        src = np.arange(out_size, dtype=ftype) * s
+    else:
+        s = _scale_value(scale, in_size, out_size, ftype)
+        src = np.maximum(s * (np.arange(out_size, dtype=ftype) + ftype(0.5)) - ftype(0.5), 0)
+    i0 = src.astype(np.int64)
+    i1 = np.where(i0 < in_size - 1, i0 + 1, i0)
+    lam1 = np.clip(src - i0, 0, 1).astype(np.float64)
+    m = np.zeros((out_size, in_size), np.float64)
+    rows = np.arange(out_size)
+    np.add.at(m, (rows, i0), 1.0 - lam1)
+    np.add.at(m, (rows, i1), lam1)
+    return m
+
+
+def _ftype(x):
     return np.float64 if x.dtype == jnp.float64 else np.float32
 
+
+def _nearest_mats(in_sizes, out_sizes, scales):
+    return [_nearest_matrix(i, o, s) for i, o, s in zip(in_sizes, out_sizes, scales, strict=True)]
+
+
+def _upsample_nearest(x, output_size, scales):
+    mats = _nearest_mats(x.shape[-len(output_size):], output_size, scales)
+    return _apply_axis_matrices(upcast_half(x), mats)
+
+
+def _upsample_nearest_backward(grad_output, output_size, input_size, scales):
+    mats = _nearest_mats(input_size[-len(output_size):], output_size, scales)
+    return _apply_axis_matrices(upcast_half(grad_output), mats, transpose=True)
+
+
+@lowers(aten.upsample_nearest1d.default, static=("scales",))
+def upsample_nearest1d(self, output_size, scales=None):
+    return _upsample_nearest(self, list(output_size), [scales])
+
+
+@lowers(aten.upsample_nearest2d.default, static=("scales_h", "scales_w"))
+def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, list(output_size), [scales_h, scales_w])
+
+
+@lowers(aten.upsample_nearest3d.default, static=("scales_d", "scales_h", "scales_w"))
+def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_nearest(self, list(output_size), [scales_d, scales_h, scales_w])
+
+
+@lowers(aten.upsample_nearest1d_backward.default, static=("scales",))
+def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
+    return _upsample_nearest_backward(grad_output, list(output_size), list(input_size),
+                                      [scales])
+
+
+@lowers(aten.upsample_nearest2d_backward.default, static=("scales_h", "scales_w"))
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None,
+                                scales_w=None):
+    return _upsample_nearest_backward(grad_output, list(output_size), list(input_size),
+                                      [scales_h, scales_w])
+
+
+@lowers(aten.upsample_nearest3d_backward.default, static=("scales_d", "scales_h", "scales_w"))
+def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None,
+                                scales_h=None, scales_w=None):
+    return _upsample_nearest_backward(grad_output, list(output_size), list(input_size),
+                                      [scales_d, scales_h, scales_w])
+
+
+def _linear_mats(in_sizes, out_sizes, align_corners, scales, ftype):
+    return [_linear_matrix(i, o, align_corners, s, ftype)
+            for i, o, s in zip(in_sizes, out_sizes, scales, strict=True)]
+
+
+def _not_uint8(a: dict) -> bool:
+    return a["self"].dtype != torch.uint8
+
+
+# uint8 images: CPU runs a separate fixed-point kernel (integer weights, its own rounding) that
+# the float interpolation does not reproduce; those calls run on CPU.
+@lowers(aten.upsample_bilinear2d.default, static=("scales_h", "scales_w"), only_when=_not_uint8)
+def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    mats = _linear_mats(self.shape[-2:], list(output_size), align_corners,
+                        [scales_h, scales_w], _ftype(self))
+    return _apply_axis_matrices(upcast_half(self), mats)
+
+
+# uint8 bicubic: CPU's fixed-point kernel (its decomposition's uint8 branch fails on a
+# Python-int shift), as for bilinear above.
+cpu_kernel_unless(_not_uint8, aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.out)
+
+
+@lowers(aten.upsample_bilinear2d_backward.default, static=("scales_h", "scales_w"))
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners,
+                                 scales_h=None, scales_w=None):
+    mats = _linear_mats(list(input_size)[-2:], list(output_size), align_corners,
+                        [scales_h, scales_w], _ftype(grad_output))
+    return _apply_axis_matrices(upcast_half(grad_output), mats, transpose=True)
 
 def _area_scale(in_size: int, out_size: int, align_corners: bool, scale, ftype) -> np.floating:
     """PyTorch's area_pixel_compute_scale."""
@@ -78,12 +206,11 @@ def _bicubic_matrix(in_size: int, out_size: int, align_corners: bool, scale, fty
 @lowers(aten.upsample_bicubic2d_backward.default, static=("scales_h", "scales_w"))
 def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners,
                                 scales_h=None, scales_w=None):
-    g = _opmath(grad_output)
+    g = upcast_half(grad_output)
     ftype = _ftype(g)
     (oh, ow), (ih, iw) = list(output_size), list(input_size)[-2:]
     g = _contract(g, _bicubic_matrix(iw, ow, align_corners, scales_w, ftype), -1, transpose=True)
     return _contract(g, _bicubic_matrix(ih, oh, align_corners, scales_h, ftype), -2, transpose=True)
-
 
 # ---- antialiased bilinear resampling --------------------------------------------------------
 
@@ -119,53 +246,24 @@ def _aa_mats(in_hw, out_hw, align_corners, scales_h, scales_w, ftype):
             _aa_linear_matrix(in_hw[1], out_hw[1], align_corners, scales_w, ftype))
 
 
-@lowers(aten._upsample_bilinear2d_aa.default, static=("scales_h", "scales_w"))
+# uint8 input takes CPU's int16 fixed-point path, with its own rounding: left on CPU
+@lowers(aten._upsample_bilinear2d_aa.default, static=("scales_h", "scales_w"),
+        only_when=lambda a: a["self"].is_floating_point())
 def upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
-    x = _opmath(self)
+    x = upcast_half(self)
     mh, mw = _aa_mats(self.shape[-2:], list(output_size), align_corners, scales_h, scales_w,
                       _ftype(x))
     # CPU resamples the width first, then the height
     return _contract(_contract(x, mw, -1), mh, -2)
 
 
-# uint8 input takes CPU's int16 fixed-point path, with its own rounding: left on CPU
-lowered_only_when(lambda a: a["self"].is_floating_point(), aten._upsample_bilinear2d_aa.default)
-
-
 @lowers(aten._upsample_bilinear2d_aa_backward.default, static=("scales_h", "scales_w"))
 def upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners,
                                     scales_h=None, scales_w=None):
-    g = _opmath(grad_output)
+    g = upcast_half(grad_output)
     mh, mw = _aa_mats(list(input_size)[-2:], list(output_size), align_corners, scales_h,
                       scales_w, _ftype(g))
     return _contract(_contract(g, mw, -1, transpose=True), mh, -2, transpose=True)
-
-
-# ---- hash_tensor ----------------------------------------------------------------------------
-
-
-@lowers(aten.hash_tensor.default)
-def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
-    """xor of the elements' bits after widening to 64 bits (float64 / int64 / uint64)."""
-    dt = self.dtype
-    if mode != 0:
-        raise RuntimeError(f"hash_tensor only supports mode=0 (xor), got {mode}")
-    if jnp.issubdtype(dt, jnp.floating):
-        bits = lax.bitcast_convert_type(self.astype(jnp.float64), jnp.uint64)
-    elif dt == jnp.uint8:
-        bits = self.astype(jnp.uint64)
-    elif dt == jnp.bool_ or jnp.issubdtype(dt, jnp.signedinteger):
-        bits = lax.bitcast_convert_type(self.astype(jnp.int64), jnp.uint64)
-    else:
-        raise NotImplementedError(f'"xor_sum_cpu" not implemented for {dt}')
-    if self.ndim == 0:  # dim 0 / -1 of a scalar is the scalar itself
-        return bits
-    dims = tuple(d % self.ndim for d in dim) if dim else tuple(range(self.ndim))
-    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, dims)
-    if keepdim:
-        out = jnp.expand_dims(out, dims)
-    return out
-
 
 # ---- grid sampling --------------------------------------------------------------------------
 # CPU's GridSampler.h, written for 2-D and 3-D at once. Gradients are jax.vjp of the forward:
@@ -282,132 +380,43 @@ def _cubic_weights(t):
 
 def _grid_sample_lowering(input, grid, interpolation_mode, padding_mode, align_corners):
     dtype = input.dtype
-    out = _grid_sample(_opmath(input), _opmath(grid), interpolation_mode, padding_mode,
+    out = _grid_sample(upcast_half(input), upcast_half(grid), interpolation_mode, padding_mode,
                        align_corners)
     return out.astype(dtype)
 
 
 def _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                           align_corners, output_mask):
-    x, g = _opmath(input), _opmath(grid)
+    x, g = upcast_half(input), upcast_half(grid)
 
     def fwd(x_, g_):
         return _grid_sample(x_, g_, interpolation_mode, padding_mode, align_corners)
 
     _, vjp = jax.vjp(fwd, x, g)
-    gx, gg = vjp(_opmath(grad_output).astype(x.dtype))
+    gx, gg = vjp(upcast_half(grad_output).astype(x.dtype))
     return (gx if output_mask[0] else None), gg
 
 
-@lowers(aten.grid_sampler_3d.default)
+# CPU computes half/bfloat16 grid sampling in the half type, rounding every step; computed in
+# float32 here they differ beyond tolerance, so those stay on CPU
+def _full_precision(a: dict) -> bool:
+    return a["input"].dtype in (torch.float32, torch.float64)
+
+
+@lowers(aten.grid_sampler_3d.default, only_when=_full_precision)
 def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
     return _grid_sample_lowering(input, grid, interpolation_mode, padding_mode, align_corners)
 
 
-@lowers(aten.grid_sampler_3d_backward.default)
+@lowers(aten.grid_sampler_3d_backward.default, only_when=_full_precision)
 def grid_sampler_3d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                              align_corners, output_mask):
     return _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                                  align_corners, output_mask)
 
 
-@lowers(aten.grid_sampler_2d_backward.default)
+@lowers(aten.grid_sampler_2d_backward.default, only_when=_full_precision)
 def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                              align_corners, output_mask):
     return _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode,
                                  align_corners, output_mask)
-
-
-# CPU computes half/bfloat16 grid sampling in the half type, rounding every step; computed in
-# float32 here they differ beyond tolerance, so those stay on CPU
-lowered_only_when(lambda a: a["input"].dtype in (torch.float32, torch.float64),
-                  aten.grid_sampler_3d.default, aten.grid_sampler_3d_backward.default,
-                  aten.grid_sampler_2d_backward.default)
-
-
-# ---- fractional max pooling -----------------------------------------------------------------
-
-
-def _fractional_starts(sample, in_size: int, out_size: int, pool: int):
-    """CPU's generate_intervals: window starts from one uniform sample per plane, computed in
-    the input's precision and truncated to int like CPU. sample: (planes,) -> (planes, out)."""
-    if out_size <= 1:
-        return jnp.full(sample.shape + (out_size,), in_size - pool, jnp.int64)
-    alpha = (jnp.asarray(in_size - pool, sample.dtype) / jnp.asarray(out_size - 1, sample.dtype))
-    i = jnp.arange(out_size - 1, dtype=sample.dtype)
-    starts = (((i + sample[:, None]) * alpha).astype(jnp.int32)
-              - (sample[:, None] * alpha).astype(jnp.int32)).astype(jnp.int64)
-    last = jnp.full(sample.shape + (1,), in_size - pool, jnp.int64)
-    return jnp.concatenate([starts, last], axis=1)
-
-
-def _fractional_max_pool(x, kernel_size, output_size, random_samples):
-    """Max over the windows CPU picks; index = last NaN of a window, else its first maximum
-    (CPU's `val > max || isnan(val)` scan), flattened over the plane."""
-    nd = len(kernel_size)
-    batched = x.ndim == nd + 2
-    xb = x if batched else x[None]
-    n, c = xb.shape[:2]
-    sizes = xb.shape[2:]
-    planes = n * c
-    # which sample drives which axis, as in CPU: (W, H) in 2-D, (T, H, W) in 3-D
-    order = [1, 0] if nd == 2 else [0, 1, 2]
-    samples = random_samples.reshape(planes, nd).astype(x.dtype)
-    flat = jnp.zeros((planes,) + tuple(output_size) + tuple(kernel_size), jnp.int64)
-    for k in range(nd):
-        starts = _fractional_starts(samples[:, order[k]], sizes[k], output_size[k], kernel_size[k])
-        pos = starts[:, :, None] + jnp.arange(kernel_size[k])  # (planes, out_k, kernel_k)
-        shape = [planes] + [1] * (2 * nd)
-        shape[1 + k], shape[1 + nd + k] = output_size[k], kernel_size[k]
-        flat = flat * sizes[k] + pos.reshape(shape)
-    window = int(np.prod(kernel_size))
-    flat = flat.reshape(planes, -1, window)
-    vals = jnp.take_along_axis(xb.reshape(planes, -1), flat.reshape(planes, -1), axis=1)
-    vals = vals.reshape(flat.shape)
-    nan = jnp.isnan(vals) if jnp.issubdtype(vals.dtype, jnp.floating) else jnp.zeros(vals.shape, bool)
-    last_nan = window - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
-    first_max = jnp.argmax(jnp.where(nan, jnp.zeros((), vals.dtype), vals), axis=-1)
-    pick = jnp.where(jnp.any(nan, axis=-1), last_nan, first_max)[..., None]
-    out = jnp.take_along_axis(vals, pick, axis=-1)[..., 0]
-    idx = jnp.take_along_axis(flat, pick, axis=-1)[..., 0]
-    shape = xb.shape[:2] + tuple(output_size)
-    out, idx = out.reshape(shape), idx.reshape(shape)
-    return (out, idx) if batched else (out[0], idx[0])
-
-
-def _fractional_dtype_ok(a: dict) -> bool:
-    # CPU computes the window starts in the input's dtype; half/bfloat16 arithmetic is not
-    # reproduced here, so those run on CPU
-    return a["self"].dtype in (torch.float32, torch.float64)
-
-
-@lowers(aten.fractional_max_pool2d.default)
-def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
-    return _fractional_max_pool(self, list(kernel_size), list(output_size), random_samples)
-
-
-@lowers(aten.fractional_max_pool3d.default)
-def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
-    # PyTorch has no meta kernel for the 3-D op: its shape checks are made here
-    if self.ndim not in (4, 5) or any(d == 0 for d in self.shape[-4:]):
-        raise RuntimeError("fractional_max_pool3d: expected non-empty 4D or 5D input")
-    for size, k, o in zip(self.shape[-3:], kernel_size, output_size, strict=True):
-        if o + k - 1 >= size:
-            raise RuntimeError("fractional_max_pool3d_out(): pool too large relative to input")
-    return _fractional_max_pool(self, list(kernel_size), list(output_size), random_samples)
-
-
-lowered_only_when(_fractional_dtype_ok, aten.fractional_max_pool2d.default,
-                  aten.fractional_max_pool3d.default)
-
-
-@lowers(aten.fractional_max_pool2d_backward.default,
-        index_error="fractional_max_pool2d_backward: index out of range")
-def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
-    return _max_pool_backward(grad_output, self, indices, 2)
-
-
-@lowers(aten.fractional_max_pool3d_backward.default,
-        index_error="fractional_max_pool3d_backward: index out of range")
-def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
-    return _max_pool_backward(grad_output, self, indices, 3)

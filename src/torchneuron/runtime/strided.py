@@ -1,4 +1,4 @@
-"""Reading and writing a strided view of a flat storage buffer, inside traced JAX code.
+"""Strided access to flat storage buffers, inside traced JAX code.
 
 A tensor argument reaches a compiled op as its storage's flat buffer plus a static `ViewSpec`
 (and a traced storage offset when not zero), so view reads and in-place writes through views
@@ -41,6 +41,7 @@ def _element_indices(shape, stride, offset):
 
 
 def gather(buf, offset, spec: ViewSpec):
+    """The view's value from its storage's flat buffer."""
     shape = spec.shape
     if spec.mode == FULL:
         return buf.reshape(shape)
@@ -51,6 +52,17 @@ def gather(buf, offset, spec: ViewSpec):
         return jnp.zeros(shape, buf.dtype)
     if spec.mode == SLICE:
         return lax.dynamic_slice(buf, (offset,), (numel,)).reshape(shape)
+    perm = dense_permutation(shape, spec.stride)
+    if perm is not None:
+        # A dense permuted view (a transpose saved between forward and backward, a
+        # channels_last tensor): a slice and a transpose, which XLA folds into the consumer's
+        # layout, instead of a gather by computed indices.
+        flat = buf if numel == buf.shape[0] else lax.dynamic_slice(buf, (offset,), (numel,))
+        stored = flat.reshape(tuple(shape[d] for d in perm))
+        inverse = [0] * len(perm)
+        for position, d in enumerate(perm):
+            inverse[d] = position
+        return jnp.transpose(stored, inverse)
     return buf[_element_indices(shape, spec.stride, offset)]
 
 

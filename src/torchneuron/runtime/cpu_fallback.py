@@ -1,0 +1,221 @@
+"""CPU's kernel on copies of a call's arguments: the visible fallback for ops without a
+lowering, and the replay that learns which exception CPU raises for a bad call.
+
+The fallback warns once per op and is refused under `TORCHNEURON_STRICT=1` (the router counts
+it). Tensors it writes are copied back into the neuron tensors, through their views; its
+results come back in CPU's layout.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from .. import config
+from . import storage, transfer
+from .plan import NEURON, TENSOR, OpPlan
+
+OpOverload = torch._ops.OpOverload
+
+_warned: set[str] = set()
+
+# Inputs up to this size are copied to CPU to learn which exception CPU raises for a call.
+_ERROR_PROBE_BYTES = 1 << 26
+
+
+def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
+    """Run `plan.op` with CPU's kernel on copies of the arguments; write back what it wrote."""
+    name = plan.name
+    if config.strict():
+        raise NotImplementedError(
+            f"torchneuron: {name} has no lowering on the neuron device and TORCHNEURON_STRICT=1 "
+            "forbids falling back to CPU"
+        )
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"torchneuron: {name} has no lowering on the neuron device; it runs on CPU "
+            "(see torchneuron.fallback_ops())",
+            stacklevel=4,
+        )
+    originals: dict[int, torch.Tensor] = {}
+    bound = plan.bind(args, kwargs)
+    written = {id(t) for i in plan.mutated
+               for t in (bound[i] if isinstance(bound[i], list | tuple) else [bound[i]])}
+
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.device.type == NEURON:
+            cpu = transfer.neuron_to_cpu(value)
+            stride = transfer.dense_stride(value)
+            if id(value) in written:
+                # A tensor the kernel writes: give it a storage of its own (resizable, unlike
+                # one borrowed from numpy) and the neuron tensor's layout, which out= kernels
+                # keep or restride (linalg kernels want column-major outputs).
+                cpu = torch.empty_strided(value.shape, stride, dtype=value.dtype).copy_(cpu)
+            elif value.dim() > 1 and stride != storage.contiguous_strides(value.shape):
+                # An input in another dense layout (channels_last, column-major): CPU kernels
+                # choose their result's layout from their inputs' (upsampling keeps
+                # channels_last), so the CPU copy keeps it too.
+                cpu = torch.empty_strided(value.shape, stride, dtype=value.dtype).copy_(cpu)
+            originals[id(cpu)] = value
+            return cpu
+        if isinstance(value, list | tuple):
+            return type(value)(convert(v) for v in value)
+        if isinstance(value, torch.device) and value.type == NEURON:
+            return torch.device("cpu")
+        return value
+
+    cpu_args = convert(args)
+    cpu_kwargs = {k: convert(v) for k, v in kwargs.items()}
+    result = plan.op(*cpu_args, **cpu_kwargs)
+    values_cpu = plan.bind(cpu_args, cpu_kwargs)
+    for i in plan.mutated:
+        items = values_cpu[i] if isinstance(values_cpu[i], list | tuple) else [values_cpu[i]]
+        for cpu_t in items:
+            if cpu_t is None or id(cpu_t) not in originals:
+                continue
+            target = originals[id(cpu_t)]
+            if target.shape != cpu_t.shape:
+                target.resize_(cpu_t.shape)
+                stride = transfer.dense_stride(cpu_t)
+                if target.stride() != stride:
+                    target.as_strided_(cpu_t.shape, stride)
+            target.copy_(cpu_t)
+
+    def back(value):
+        if isinstance(value, torch.Tensor):
+            if id(value) in originals:
+                return originals[id(value)]
+            if value.layout != torch.strided:
+                # No sparse (or other layout) kernels exist for PrivateUse1 tensors here.
+                raise NotImplementedError(
+                    f"torchneuron: {name} returns a {value.layout} tensor; the neuron device "
+                    "supports only strided tensors"
+                )
+            return transfer.cpu_to_new_neuron_like(value)
+        if isinstance(value, list | tuple):
+            return type(value)(back(v) for v in value)
+        return value
+
+    return back(result)
+
+
+# ----------------------------------------------------------------------------------------
+# Error replay
+
+
+class _ProbeTooBig(Exception):
+    pass
+
+
+def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """CPU copies of a call's arguments that alias each other as the neuron tensors do (one
+    copied storage per neuron storage); None when they exceed _ERROR_PROBE_BYTES. Only for
+    error paths: learning what CPU's kernel says about a call."""
+    mirrors: dict[int, Any] = {}
+    budget = [_ERROR_PROBE_BYTES]
+
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.device.type == NEURON:
+            st = value.untyped_storage()
+            key = st.data_ptr()
+            cpu_st = mirrors.get(key)
+            if cpu_st is None:
+                budget[0] -= st.nbytes()
+                if budget[0] < 0:
+                    raise _ProbeTooBig
+                flat = torch.empty(0, dtype=value.dtype, device=NEURON).set_(st)
+                cpu_st = mirrors[key] = transfer.neuron_to_cpu(flat).untyped_storage()
+            return torch.empty(0, dtype=value.dtype).set_(
+                cpu_st, value.storage_offset(), value.shape, value.stride())
+        if isinstance(value, list | tuple):
+            return type(value)(convert(v) for v in value)
+        if isinstance(value, torch.device) and value.type == NEURON:
+            return torch.device("cpu")
+        return value
+
+    try:
+        return convert(args), {k: convert(v) for k, v in kwargs.items()}
+    except _ProbeTooBig:
+        return None
+
+
+def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
+    """Raise the exception CPU raises for this call; `err` itself if CPU agrees on its type or
+    does not raise. PyTorch's meta kernels and JAX's shape checks raise other types than CPU's
+    kernels for the same bad call (AssertionError, IndexError, TypeError for CPU's
+    RuntimeError, ...); on this error path the call is re-run on CPU copies of its inputs."""
+    try:
+        replica = cpu_replica(args, kwargs)
+    except Exception:  # noqa: BLE001  (inputs CPU cannot hold)
+        replica = None
+    if replica is None:
+        raise err
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*replica[0], **replica[1])
+    except Exception as cpu_err:
+        if type(cpu_err) is not type(err):
+            raise cpu_err from err
+    raise err
+
+
+# ----------------------------------------------------------------------------------------
+# Writes into overlapping memory
+
+# Ops whose CPU kernel accepts `out=` one of the inputs itself (add, mul, ...; not gather).
+_IDENTICAL_OUT_OK: set[OpOverload] = set()
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte address a tensor's elements can occupy."""
+    numel = t.numel()
+    if numel == 0:
+        return (0, 0)
+    lo = t.data_ptr()
+    if t.is_contiguous():  # the common case, without the Python loop
+        return lo, lo + numel * t.element_size()
+    return lo, lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
+    """CPU refuses to write a tensor whose elements share memory (`x.expand(3, 3).add_(1)`)
+    or that overlaps one of the op's inputs (`torch.gather(x, 0, i, out=x[:3])`): the JAX
+    path would compute something instead. When a written tensor (not a list) has such an
+    overlap, the call runs on CPU copies with the same aliasing, and CPU's error is raised.
+    Whether CPU objects depends on the op (`out=` the input itself is fine for elementwise
+    ops, not for gather), which is why CPU decides."""
+    values = plan.bind(args, kwargs)
+    suspicious = identical_only = False
+    for i in plan.mutated:
+        w = values[i]
+        if not isinstance(w, torch.Tensor):
+            continue
+        if not w.is_contiguous() and any(s == 0 and n > 1 for n, s in zip(w.shape, w.stride())):
+            suspicious, identical_only = True, False
+            break
+        lo, hi = _byte_range(w)
+        if lo == hi:
+            continue
+        for j, (kind, v) in enumerate(zip(plan.kinds, values)):
+            if kind != TENSOR or j == i or not isinstance(v, torch.Tensor):
+                continue
+            if v is w and j not in plan.out_args and i not in plan.out_args:
+                continue  # in-place: self is read and written
+            vlo, vhi = _byte_range(v)
+            if vlo < hi and lo < vhi and v.device.type == NEURON:
+                same = (vlo == lo and v.shape == w.shape and v.stride() == w.stride())
+                identical_only = same if not suspicious else identical_only and same
+                suspicious = True
+    if not suspicious or (identical_only and plan.op in _IDENTICAL_OUT_OK):
+        return
+    replica = cpu_replica(args, kwargs)
+    if replica is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan.op(*replica[0], **replica[1])  # CPU's error, if it has one, propagates
+    if identical_only:  # CPU accepts `out=` an input itself for this op: no need to ask again
+        _IDENTICAL_OUT_OK.add(plan.op)

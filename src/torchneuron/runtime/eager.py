@@ -1,0 +1,121 @@
+"""One op call run eagerly on the device: its lowering as a cached executable, or an `out=`
+overload computed by its functional op and copied into `out`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch._decomp
+
+from ..lowerings import LOWERINGS, Lowering
+from ..lowerings.registry import index_exception
+from . import executable, rng, signature, storage, strided
+from .cpu_fallback import raise_as_on_cpu, run_on_cpu
+from .meta import flatten_results, meta_outputs
+from .plan import COUNTS, GENERATOR, NEURON, OpPlan, Route, plan_for
+
+OpOverload = torch._ops.OpOverload
+
+# Decompositions running now: one that comes back to the op it decomposes (through prims)
+# finishes on CPU instead of recursing.
+decomposing: set[OpOverload] = set()
+
+
+def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
+    """Run `lowering` for this call: one cached executable per argument signature."""
+    values = plan.bind(args, kwargs)
+    key, inputs = signature.arguments_key(plan, values)
+    ex = plan.cache.get(key)
+    if ex is None:
+        try:
+            ex = executable.build(plan, lowering, key, values, args, kwargs)
+        except executable.ResizeOutputs as resize:
+            for i, layout in zip(plan.out_args, resize.layouts):
+                if layout is not None:
+                    shape, stride = layout
+                    values[i].resize_(shape)
+                    if values[i].stride() != stride and strided.dense_permutation(shape, stride):
+                        values[i].as_strided_(shape, stride)
+            return run_lowered(plan, lowering, args, kwargs)
+        except Exception as err:
+            raise_as_on_cpu(plan.op, args, kwargs, err)
+        plan.cache[key] = ex
+    write_inputs = executable.write_inputs(ex, values) if ex.writes else ()
+    draw = rng.split_draw(rng.next_draw(_generator_arg(plan, values))) if lowering.rng else None
+    try:
+        outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
+    except Exception as err:  # raised while tracing the lowering (or by a jit=False one)
+        plan.cache.pop(key, None)
+        raise_as_on_cpu(plan.op, args, kwargs, err)
+    if check is not None and bool(check):
+        raise index_exception(ex.index_error)
+    for (slot, (dtype, _spec)), buf in zip(ex.writes, new_buffers):
+        if buf is not None:
+            storage.set_storage_buffer(executable.written_tensor(values, slot).untyped_storage(),
+                                       buf, dtype)
+    fresh_meta = ex.fresh_meta
+    if fresh_meta is None:
+        fresh_meta, outputs = executable.dynamic_layout(outputs, lowering)
+    return executable.assemble_returns(plan, fresh_meta, values, outputs)
+
+
+def _generator_arg(plan: OpPlan, values: list):
+    for kind, value in zip(plan.kinds, values):
+        if kind == GENERATOR:
+            return value
+    return None
+
+
+def run_decomposition(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
+    """The op's decomposition (the project's, else PyTorch's) on the device."""
+    for i in plan.out_args:
+        out = plan.bind(args, kwargs)[i]
+        if isinstance(out, torch.Tensor) and out.device.type != NEURON:
+            raise signature.device_mismatch(out.device)
+    decomposing.add(plan.op)
+    try:
+        return plan.decomposition(*args, **kwargs)
+    finally:
+        decomposing.discard(plan.op)
+
+
+def run_out_variant(plan: OpPlan, functional: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """`op.out`: PyTorch's checks on meta, the functional op, then resize and copy into out."""
+    values = plan.bind(args, kwargs)
+    meta = meta_outputs(plan.op, args, kwargs)
+    outs = [values[i] for i in plan.out_args]
+    func_values = [v for i, v in enumerate(values) if i not in plan.out_args]
+    pos, kw = plan_for(functional).split(func_values)
+    # Call the functional op's decomposition, not the op: for structured ops the functional
+    # kernel of a PrivateUse1 device is a composite that calls this very `out` overload.
+    decomposition = torch._decomp.decomposition_table.get(functional)
+    if functional in decomposing or plan.op in decomposing:
+        # The decomposition came back to this op (through prims): finish it on CPU.
+        return run_on_cpu(plan, args, kwargs)
+    if functional in LOWERINGS or decomposition is None:
+        decomposing.add(plan.op)
+        try:
+            result = functional(*pos, **kw)
+        finally:
+            decomposing.discard(plan.op)
+    else:
+        COUNTS[Route.DECOMPOSED][str(functional)] += 1
+        decomposing.add(functional)
+        try:
+            result = decomposition(*pos, **kw)
+        finally:
+            decomposing.discard(functional)
+    results = flatten_results(result)
+    metas = flatten_results(meta) if meta is not None else results
+    for out, res, m in zip(outs, results, metas):
+        if out.device.type != NEURON:
+            raise signature.device_mismatch(out.device)
+        if tuple(out.shape) != tuple(m.shape):
+            out.resize_(m.shape)
+            if m.stride() != out.stride() and m.is_contiguous() is False:
+                out.as_strided_(m.shape, m.stride())
+        out.copy_(res)
+    if len(outs) == 1:
+        return outs[0]
+    return tuple(outs)

@@ -1,0 +1,297 @@
+"""Eager executables: one op call for one argument signature, as one `jax.jit` program.
+
+The program reads its tensor arguments from their storages' flat buffers (view gathers
+included), calls the lowering through the op-call core, casts and lays out the results as
+PyTorch's meta kernel reports them, and writes the new values of in-place and `out=`
+arguments back into their storages' buffers (through views). What depends only on the
+signature (output metadata, write targets, layout flags) is worked out once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ..lowerings import Lowering
+from ..lowerings.dtypes import to_torch_dtype
+from . import opcall, signature, storage, strided
+from .meta import flatten_results, meta_outputs, promotion_dtype, promotion_operands, to_meta
+from .plan import STATIC, OpPlan
+
+# A written argument: (index in the schema, position in a list argument or None).
+WriteSlot = tuple[int, int | None]
+
+
+class Executable:
+    """One compiled call of an op for one argument signature."""
+
+    __slots__ = ("fn", "fresh_meta", "writes", "index_error")
+
+    def __init__(self, fn: Callable, fresh_meta: list | None, writes: list, index_error) -> None:
+        # fn(inputs, write_inputs, draw) -> (fresh outputs, new buffers of written args, check)
+        self.fn = fn
+        # [(dtype, shape, stride) or None for a non-tensor result] per fresh output; None when
+        # the layout is learnt from each call's results (no meta kernel, or jit=False).
+        self.fresh_meta = fresh_meta
+        # [(WriteSlot, (dtype, ViewSpec))] for the arguments whose storages the call rewrites
+        self.writes = writes
+        self.index_error = index_error
+
+
+class ResizeOutputs(Exception):
+    """An `out=` tensor has the wrong shape: resize it as PyTorch's meta kernel did, retry."""
+
+    def __init__(self, layouts: list) -> None:
+        self.layouts = layouts
+
+
+def write_slots(plan: OpPlan, values: list, order: list[int]) -> list[WriteSlot | None]:
+    """Written arguments in the order the lowering returns their new values (None for an
+    absent optional argument, which the lowering returns None for)."""
+    slots: list[WriteSlot | None] = []
+    for i in order:
+        v = values[i]
+        if isinstance(v, list | tuple):
+            slots.extend((i, j) for j in range(len(v)))
+        else:
+            slots.append(None if v is None else (i, None))
+    return slots
+
+
+def written_tensor(values: list, slot: WriteSlot) -> torch.Tensor:
+    i, j = slot
+    return values[i] if j is None else values[i][j]
+
+
+def _check_out_layouts(plan: OpPlan, values: list, meta) -> None:
+    metas = flatten_results(meta)
+    layouts = []
+    mismatch = False
+    for n, i in enumerate(plan.out_args):
+        t = values[i]
+        m = metas[n] if n < len(metas) else None
+        if t is None or m is None:
+            layouts.append(None)
+            continue
+        if tuple(t.shape) != tuple(m.shape):
+            mismatch = True
+            layouts.append((tuple(m.shape), tuple(m.stride())))
+        else:
+            layouts.append(None)
+    if mismatch:
+        raise ResizeOutputs(layouts)
+
+
+def _check_inplace_cast(plan: OpPlan, values: list, args: tuple, kwargs: dict) -> None:
+    """An in-place op derived from its functional twin stores the functional result in
+    `self`: CPU refuses a result dtype that cannot be cast to self's (`int_tensor.logit_()`),
+    which PyTorch's meta kernels of unstructured ops do not check."""
+    self_index = plan.mutated[0]
+    target = values[self_index]
+    if not isinstance(target, torch.Tensor):
+        return
+    n = plan.num_positional
+    functional_meta = meta_outputs(plan.functional, args[:n], {k: v for k, v in kwargs.items()
+                                                                 if k not in plan.out_names})
+    result = flatten_results(functional_meta)[0] if functional_meta is not None else None
+    if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, target.dtype):
+        raise RuntimeError(
+            f"result type {_type_name(result.dtype)} can't be cast to the desired output type "
+            f"{_type_name(target.dtype)}"
+        )
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+            torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+            torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+            torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))
+
+
+def _fresh_layout(m) -> tuple | None:
+    if not isinstance(m, torch.Tensor):
+        return None  # a non-tensor return (int/float/bool)
+    stride = m.stride()
+    if strided.dense_permutation(tuple(m.shape), stride) is None:
+        stride = storage.contiguous_strides(m.shape)
+    return (m.dtype, tuple(m.shape), tuple(stride))
+
+
+def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tuple,
+          kwargs: dict) -> Executable:
+    """The executable of `lowering` for this call's signature `key` (raises PyTorch's error
+    for bad input, or ResizeOutputs when an out= tensor must be resized first)."""
+    direct = plan.lowering is not None  # registered on this very overload
+    meta = meta_outputs(plan.op, args, kwargs, lowering.meta if direct else None)
+    if plan.out_args and meta is not None:
+        _check_out_layouts(plan, values, meta)
+    if not direct and not plan.out_args:
+        _check_inplace_cast(plan, values, args, kwargs)
+    static_values = [v if k == STATIC else None for k, v in zip(plan.kinds, values)]
+    compute_dtype = None
+    if lowering.promote is not None:
+        compute_dtype = promotion_dtype(lowering.promote, promotion_operands(plan, to_meta(values)))
+    # In-place and out= variants run the functional lowering, which returns the new values
+    # outputs first; a lowering of this very overload returns them in schema order.
+    slots = write_slots(plan, values, plan.mutated if direct else plan.write_order)
+
+    fresh_meta: list = []
+    if meta is not None and direct:
+        metas = flatten_results(meta)
+        if not (plan.fresh_returns and len(plan.fresh_returns) == len(plan.return_types)):
+            metas = [metas[i] for i in plan.fresh_returns]
+        fresh_meta = [_fresh_layout(m) for m in metas]
+    write_meta = []
+    for slot in slots:
+        if slot is None:
+            write_meta.append(None)
+            continue
+        t = written_tensor(values, slot)
+        numel = storage.storage_buffer(t.untyped_storage(), t.dtype).shape[0]
+        write_meta.append((t.dtype, strided.spec_of(t, numel)))
+    contiguous = opcall.contiguity_flags(plan, lowering, values)
+    jit = lowering.jit
+    num_writes = len(slots)
+
+    def run(inputs, write_inputs, draw):
+        vals = signature.read_arguments(plan, key, inputs, static_values)
+        result, check = opcall.call_lowering(plan, lowering, vals, compute_dtype=compute_dtype,
+                                             draw=draw, contiguous=contiguous)
+        flat = flatten_results(result)
+        if not direct:
+            fresh_vals, write_vals = [], flat[:num_writes]
+        else:
+            nfresh = len(flat) - num_writes if meta is None else len(fresh_meta)
+            fresh_vals, write_vals = flat[:nfresh], flat[nfresh:]
+        outputs = []
+        for n, value in enumerate(fresh_vals):
+            m = fresh_meta[n] if n < len(fresh_meta) and jit else None
+            if value is None:  # an output the op does not produce (output_mask)
+                outputs.append(None)
+            elif m is None:
+                outputs.append(jnp.asarray(value))
+            else:
+                dtype, shape, stride = m
+                value = opcall.cast_to(value, dtype)
+                if tuple(value.shape) != shape:
+                    value = _conform(value, shape, plan.name)
+                outputs.append(strided.to_memory_order(value, stride))
+        new_buffers = []
+        targets = iter(write_inputs)
+        for wmeta, value in zip(write_meta, write_vals):
+            if wmeta is None:  # an absent optional argument
+                continue
+            buf, offset = next(targets)
+            if value is None:  # a mutated argument the op left alone
+                new_buffers.append(None)
+                continue
+            dtype, spec = wmeta
+            value = opcall.cast_to(value, dtype)
+            if tuple(value.shape) != spec.shape:
+                value = _broadcast_into(value, spec.shape)
+            new_buffers.append(strided.scatter(buf, offset, value, spec))
+        return outputs, new_buffers, check
+
+    compiled = jax.jit(run) if jit else run
+    # Without a meta kernel the outputs' layout is learnt from each call's results.
+    dynamic = (meta is None or not jit) and direct
+    writes = [(slot, wm) for slot, wm in zip(slots, write_meta) if slot is not None]
+    return Executable(compiled, None if dynamic else fresh_meta, writes, lowering.index_error)
+
+
+def write_inputs(ex: Executable, values: list) -> list:
+    """(buffer, offset) of each written argument: the whole buffer is an input only when the
+    write does not replace it entirely."""
+    inputs = []
+    for slot, (dtype, spec) in ex.writes:
+        if spec.mode == strided.FULL:
+            inputs.append((None, 0))
+        else:
+            t = written_tensor(values, slot)
+            inputs.append((storage.storage_buffer(t.untyped_storage(), dtype), t.storage_offset()))
+    return inputs
+
+
+def _broadcast_into(value, shape: tuple):
+    """An in-place result written into its (smaller) target: PyTorch's error when it does not
+    fit (`x.add_(y)` with y of a larger shape), not JAX's ValueError."""
+    try:
+        return jnp.broadcast_to(value, shape)
+    except ValueError:
+        raise RuntimeError(
+            f"output with shape {list(shape)} doesn't match the broadcast shape {list(value.shape)}"
+        ) from None
+
+
+def _conform(value, shape: tuple, op_name: str):
+    """A lowering result in the shape PyTorch's meta kernel reports; a real disagreement is an
+    error (never reinterpreted silently)."""
+    if value.size == 1 and all(s == 1 for s in shape) or value.ndim == 0:
+        return jnp.broadcast_to(value, shape)
+    if [s for s in value.shape if s != 1] == [s for s in shape if s != 1]:
+        return value.reshape(shape)
+    raise RuntimeError(
+        f"torchneuron: the lowering of {op_name} produced shape {tuple(value.shape)} where "
+        f"PyTorch expects {shape} (please report this bug)"
+    )
+
+
+def dynamic_layout(outputs: list, lowering: Lowering) -> tuple[list, list]:
+    """Layouts and flat buffers of outputs computed without PyTorch metadata (contiguous,
+    or the lowering's `result_strides`)."""
+    metas, flat = [], []
+    for value in outputs:
+        if value is None:
+            metas.append(None)
+            flat.append(None)
+            continue
+        shape = tuple(value.shape)
+        if lowering.result_strides is not None:
+            stride = tuple(lowering.result_strides(shape))
+            flat.append(_memory_order_jit(value, stride))
+        else:
+            stride = storage.contiguous_strides(shape)
+            flat.append(value.reshape(-1))
+        metas.append((to_torch_dtype(value.dtype), shape, stride))
+    return metas, flat
+
+
+_memory_order_jit = jax.jit(strided.to_memory_order, static_argnums=(1,))
+
+
+def assemble_returns(plan: OpPlan, fresh_meta: list, values: list, outputs: list) -> Any:
+    """The op's return value: new tensors for fresh outputs, the written arguments for
+    returns that alias them."""
+    if plan.single_tensor_return:
+        dtype, shape, stride = fresh_meta[0]
+        return storage.new_tensor(shape, dtype, stride, outputs[0])
+    if plan.returns_scalar:
+        return outputs[0].item() if outputs else None
+    fresh = []
+    for m, buf in zip(fresh_meta, outputs):
+        if buf is None:
+            fresh.append(None)
+        elif m is None:
+            fresh.append(buf.item())
+        else:
+            dtype, shape, stride = m
+            fresh.append(storage.new_tensor(shape, dtype, stride, buf))
+    n_returns = len(plan.return_types)
+    if n_returns == 0:
+        return None
+    results = []
+    fresh_iter = iter(fresh)
+    mutated_iter = iter(plan.mutated)
+    for rtype, is_fresh in zip(plan.return_types, (i in plan.fresh_returns for i in range(n_returns))):
+        if is_fresh:
+            if rtype == "List[Tensor]":
+                results.append(list(fresh_iter))
+            else:
+                results.append(next(fresh_iter))
+        else:
+            results.append(values[next(mutated_iter)])
+    return results[0] if n_returns == 1 else tuple(results)

@@ -1,0 +1,141 @@
+"""The argument signature codec: a call's arguments as (cache key, executable inputs), and the
+values back inside the traced executable.
+
+Eager executables and compiled graphs both take their inputs this way. A neuron tensor
+becomes its storage's flat buffer (plus its storage offset when the view does not start at
+0) and a key that fixes everything the executable's code depends on: dtype, view layout and
+lazy conjugate/negative bits. A 0-dim CPU tensor and a Python number in a Tensor slot become
+traced values; Scalar arguments are traced (their type is in the key), static ones are keys.
+
+Tensor keys (tuples, cheap to hash):
+    (dtype, ViewSpec)                  a neuron tensor; inputs: buffer [, offset]
+    ("host", dtype)                    a 0-dim CPU tensor; input: its Python value
+    ("number", type)                   a Python number passed where a Tensor is expected
+    ("bits", conj, neg, inner key)     a lazy conj()/neg view of a neuron tensor
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax.numpy as jnp
+import torch
+
+from ..lowerings.dtypes import to_jax_dtype
+from . import storage, strided
+from .plan import GENERATOR, NEURON, SCALAR, STATIC, TENSOR, OpPlan
+
+HOST = "host"
+NUMBER = "number"
+BITS = "bits"
+
+
+def device_mismatch(other: torch.device) -> RuntimeError:
+    """PyTorch's error for a tensor of another device among a neuron op's arguments."""
+    return RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"neuron:0 and {other}!"
+    )
+
+
+def tensor_key(t: torch.Tensor, inputs: list) -> tuple:
+    """The key of a tensor argument; appends its executable inputs to `inputs`."""
+    if not isinstance(t, torch.Tensor):  # a Python number in a Tensor slot (wrapped scalar)
+        inputs.append(t)
+        return (NUMBER, type(t))
+    if t.is_conj() or t.is_neg():
+        # A lazy conjugate/negative view (x.conj(), conj().imag, ...): the storage holds the
+        # unconjugated/unnegated values; the op must see the logical ones.
+        return (BITS, t.is_conj(), t.is_neg(), _plain_key(t, inputs))
+    return _plain_key(t, inputs)
+
+
+def _plain_key(t: torch.Tensor, inputs: list) -> tuple:
+    buf = storage.ready_buffer(t)  # the common case: one lookup, no device check needed
+    if buf is None:
+        if t.device.type != NEURON:
+            if t.dim() == 0 and t.device.type == "cpu":
+                inputs.append(t.item())
+                return (HOST, t.dtype)
+            raise device_mismatch(t.device)
+        buf = storage.storage_buffer(t.untyped_storage(), t.dtype)
+    inputs.append(buf)
+    shape = tuple(t.shape)
+    stride = t.stride()
+    if t.is_contiguous():
+        offset = t.storage_offset()
+        if offset == 0 and t.numel() == buf.shape[0]:
+            return (t.dtype, strided.ViewSpec(shape, stride, strided.FULL))
+        inputs.append(offset)
+        return (t.dtype, strided.ViewSpec(shape, stride, strided.SLICE))
+    inputs.append(t.storage_offset())
+    return (t.dtype, strided.ViewSpec(shape, stride, strided.STRIDED))
+
+
+def read_tensor(key: tuple | None, inputs: Iterator) -> Any:
+    """Inside the trace: the logical value of a tensor argument from its key and inputs."""
+    if key is None:
+        return None
+    tag = key[0]
+    if tag == HOST:
+        return jnp.asarray(next(inputs), to_jax_dtype(key[1]))
+    if tag == NUMBER:
+        return next(inputs)
+    if tag == BITS:
+        return strided.apply_bits(read_tensor(key[3], inputs), key[1], key[2])
+    buf = next(inputs)
+    spec = key[1]
+    offset = 0 if spec.mode == strided.FULL else next(inputs)
+    return strided.gather(buf, offset, spec)
+
+
+def hashable(value: Any) -> Any:
+    """A static argument as part of a cache key."""
+    if isinstance(value, list):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise TypeError("torchneuron: symbolic values reach the eager runtime only as concrete ints")
+    return value
+
+
+def arguments_key(plan: OpPlan, values: list) -> tuple[tuple, list]:
+    """(key, inputs) of a call's bound values (schema order)."""
+    key = []
+    inputs: list = []
+    for kind, value in zip(plan.kinds, values):
+        if kind == STATIC:
+            key.append(hashable(value))
+        elif kind == GENERATOR:
+            key.append(None)  # the draw is an executable input of its own
+        elif kind == SCALAR:
+            if value is None:
+                key.append(None)
+            else:
+                if isinstance(value, torch.Tensor):
+                    value = value.item()
+                key.append(type(value))
+                inputs.append(value)
+        elif kind == TENSOR:
+            key.append(None if value is None else tensor_key(value, inputs))
+        else:
+            key.append(tuple(None if v is None else tensor_key(v, inputs) for v in value))
+    return tuple(key), inputs
+
+
+def read_arguments(plan: OpPlan, key: tuple, inputs, static_values: list) -> list:
+    """Inside the trace: the argument list with every tensor replaced by its jax value."""
+    it = iter(inputs)
+    values = []
+    for kind, k, static in zip(plan.kinds, key, static_values):
+        if kind == STATIC:
+            values.append(static)
+        elif kind == GENERATOR:
+            values.append(None)
+        elif kind == SCALAR:
+            values.append(None if k is None else next(it))
+        elif kind == TENSOR:
+            values.append(read_tensor(k, it))
+        else:
+            values.append([read_tensor(x, it) for x in k])
+    return values

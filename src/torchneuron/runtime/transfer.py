@@ -1,0 +1,144 @@
+"""Values in and out of the device: a neuron tensor's logical value as a JAX array or a CPU
+tensor, CPU tensors as new neuron tensors, and writes of a value into a (view of a) tensor."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..lowerings.dtypes import to_jax_dtype
+from . import storage, strided
+from .plan import NEURON
+
+_gather_jit = jax.jit(strided.gather, static_argnums=(2,))
+_apply_bits_jit = jax.jit(strided.apply_bits, static_argnums=(1, 2))
+_write_jit = jax.jit(strided.scatter, static_argnums=(3,))
+memory_order_jit = jax.jit(strided.to_memory_order, static_argnums=(1,))
+
+
+def logical_array(t: torch.Tensor) -> jax.Array:
+    """The logical value of a neuron tensor as a jax.Array of its shape."""
+    buf = storage.storage_buffer(t.untyped_storage(), t.dtype)
+    spec = strided.spec_of(t, buf.shape[0])
+    if spec.mode == strided.FULL:
+        value = buf.reshape(spec.shape)
+    else:
+        value = _gather_jit(buf, t.storage_offset(), spec)
+    if t.is_conj() or t.is_neg():
+        value = _apply_bits_jit(value, t.is_conj(), t.is_neg())
+    return value
+
+
+def cpu_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's logical value as a contiguous numpy array (bfloat16/float8 as ml_dtypes)."""
+    t = t.detach().resolve_conj().resolve_neg()
+    if t._is_zerotensor():
+        # An efficient zero tensor (autograd's zero gradients, e.g. sgn's) has no storage to
+        # read: its value is zeros of its shape.
+        t = torch.zeros(t.shape, dtype=t.dtype)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(to_jax_dtype(torch.bfloat16))
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy().view(to_jax_dtype(t.dtype))
+    return t.numpy()
+
+
+def numpy_to_cpu(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    a = np.ascontiguousarray(a)
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return torch.from_numpy(a.view(np.uint8)).view(dtype)
+    return torch.from_numpy(a)
+
+
+def neuron_to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """The logical value of a neuron tensor as a new contiguous CPU tensor."""
+    array = np.asarray(jax.device_get(logical_array(t)))
+    if not array.flags.writeable:
+        array = array.copy()
+    return numpy_to_cpu(array, t.dtype).reshape(t.shape)
+
+
+def cpu_to_new_neuron(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous neuron tensor with the value of CPU tensor `t`."""
+    buf = storage.host_to_buffer(cpu_to_numpy(t))
+    return storage.new_tensor(tuple(t.shape), t.dtype, None, buf)
+
+
+def dense_stride(t: torch.Tensor) -> tuple[int, ...]:
+    """`t`'s strides when they describe a dense layout (e.g. column-major), else contiguous."""
+    stride = tuple(t.stride())
+    if strided.dense_permutation(tuple(t.shape), stride) is None:
+        return storage.contiguous_strides(t.shape)
+    return stride
+
+
+def cpu_to_new_neuron_like(t: torch.Tensor) -> torch.Tensor:
+    """A new neuron tensor with the value and the layout of CPU tensor `t`: a CPU kernel's
+    column-major result (linalg) stays column-major, a non-dense one keeps its view."""
+    if (t.numel() > 1 and not (t.is_conj() or t.is_neg())
+            and strided.dense_permutation(tuple(t.shape), tuple(t.stride())) is None):
+        # Not dense (e.g. lstsq's solution, a narrowed column-major buffer): copy the whole
+        # storage and take the same view of it, so sizes, strides and offset are CPU's.
+        n = t.untyped_storage().nbytes() // t.element_size()
+        flat = cpu_to_new_neuron(torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,)))
+        return torch.empty(0, dtype=t.dtype, device=NEURON).set_(
+            flat.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    stride = dense_stride(t)
+    if t.dim() <= 1 or stride == storage.contiguous_strides(t.shape):
+        return cpu_to_new_neuron(t)
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=NEURON)
+    return out.copy_(t)
+
+
+def write_array(dst: torch.Tensor, value: jax.Array) -> None:
+    """Store `value` (dst's shape and dtype) into dst's view of its storage."""
+    st = dst.untyped_storage()
+    if dst.is_conj() or dst.is_neg():  # a lazy conj/neg view stores conj/neg of its values
+        value = strided.apply_bits(value, dst.is_conj(), dst.is_neg())
+    nelem = st.nbytes() // dst.dtype.itemsize if dst.dtype.itemsize else 0
+    spec = strided.spec_of(dst, nelem)
+    if spec.mode == strided.FULL:
+        storage.set_storage_buffer(st, value.reshape(-1), dst.dtype)
+        return
+    buf = storage.storage_buffer(st, dst.dtype)
+    storage.set_storage_buffer(st, _write_jit(buf, dst.storage_offset(), value, spec), dst.dtype)
+
+
+def _cast_broadcast_impl(value, jdtype, shape):
+    if jnp.issubdtype(value.dtype, jnp.complexfloating) and not jnp.issubdtype(jdtype, jnp.complexfloating):
+        value = jnp.real(value)
+    if value.dtype != jdtype:
+        value = value.astype(jdtype)
+    if value.shape != shape:
+        value = jnp.broadcast_to(value, shape)
+    return value
+
+
+_cast_broadcast_jit = jax.jit(_cast_broadcast_impl, static_argnums=(1, 2))
+
+
+def cast_broadcast(value: jax.Array, dtype: torch.dtype, shape) -> jax.Array:
+    """`value` as `dtype` (complex to real keeps the real part, as copy_ does), broadcast."""
+    return _cast_broadcast_jit(value, to_jax_dtype(dtype), tuple(shape))
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """`dst.copy_(src)` where either side (or both) is a neuron tensor."""
+    if dst.device.type == NEURON:
+        if src.device.type == NEURON:
+            value = logical_array(src)
+        else:
+            src_cpu = src
+            if src_cpu.is_complex() and not dst.is_complex():
+                src_cpu = src_cpu.real
+            value = storage.host_to_buffer(cpu_to_numpy(src_cpu)).reshape(src_cpu.shape)
+        write_array(dst, cast_broadcast(value, dst.dtype, dst.shape))
+        return dst
+    dst.copy_(neuron_to_cpu(src))  # neuron -> host
+    return dst
