@@ -26,7 +26,7 @@ from .. import __version__, config
 from ..lowerings import LOWERINGS
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from ..lowerings.registry import index_exception
-from ..runtime import opcall, platform, rng, signature, storage, strided
+from ..runtime import fusion, opcall, platform, rng, signature, storage, strided
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
 from . import disk_cache
@@ -286,6 +286,9 @@ class CompiledGraph:
 
     def __call__(self, *args) -> list:
         key, inputs, tensor_slots = self._signature(args)
+        if fusion.any_pending(inputs):  # recorded eager ops produce some inputs: run them
+            fusion.flush()
+            key, inputs, tensor_slots = self._signature(args)
         entry = self.executables.get(key)
         if entry is None:
             entry = self._build(key, inputs, args)

@@ -12,7 +12,6 @@ import torch
 
 from .. import config
 from . import autocast, dispatch, platform, rng, serialization, storage
-from .storage import STATS
 
 DEVICE_NAME = "neuron"
 _lock = threading.Lock()
@@ -171,35 +170,34 @@ class NeuronModule:
     # -- memory ----------------------------------------------------------------------
     @staticmethod
     def memory_allocated(device: Any = None) -> int:
-        return STATS.allocated
+        return storage.memory_stats()[0]
 
     @staticmethod
     def max_memory_allocated(device: Any = None) -> int:
-        return STATS.peak
+        return storage.memory_stats()[1]
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:
-        with STATS.lock:
-            STATS.peak = STATS.allocated
+        storage.reset_peak_memory()
 
     @staticmethod
     def memory_reserved(device: Any = None) -> int:
-        return STATS.allocated
+        return storage.memory_stats()[0]
 
     @staticmethod
     def max_memory_reserved(device: Any = None) -> int:
-        return STATS.peak
+        return storage.memory_stats()[1]
 
     @staticmethod
     def memory_stats(device: Any = None) -> dict[str, int]:
-        with STATS.lock:
-            return {
-                "allocated_bytes.all.current": STATS.allocated,
-                "allocated_bytes.all.peak": STATS.peak,
-                "allocation.all.allocated": STATS.num_alloc,
-                "allocation.all.freed": STATS.num_free,
-                "allocation.all.current": STATS.num_alloc - STATS.num_free,
-            }
+        allocated, peak, num_alloc, num_free = storage.memory_stats()
+        return {
+            "allocated_bytes.all.current": allocated,
+            "allocated_bytes.all.peak": peak,
+            "allocation.all.allocated": num_alloc,
+            "allocation.all.freed": num_free,
+            "allocation.all.current": num_alloc - num_free,
+        }
 
     @staticmethod
     def empty_cache() -> None:
