@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?= -q -p no:cacheprovider
 
-.PHONY: all demo test lint bench bench-write bench-compile clean distclean
+.PHONY: all demo test zoo lint bench bench-write bench-compile clean distclean
 
 all: test
 
@@ -32,6 +32,11 @@ test: $(STAMP)
 	if [ $$status -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; \
 	elif [ $$status -ne 0 ]; then echo "make test: FAILED: pytest exited with status $$status" >&2; fi; \
 	exit $$status
+
+# The whole model zoo (tests/models/zoo.py): every tiny model trained on CPU and on neuron.
+# Long (per-model times in docs/MODEL_ZOO.md); `make test` runs only the entries marked fast.
+zoo: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m 'zoo or not zoo' tests/models
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks

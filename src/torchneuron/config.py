@@ -43,8 +43,6 @@ SETTINGS: dict[str, Setting] = {
                 "root of the on-disk caches (default $XDG_CACHE_HOME/torchneuron or ~/.cache/torchneuron)"),
         Setting("TORCHNEURON_COMPILE_CACHE", "1", "bool",
                 "keep compiled executables on disk across processes"),
-        Setting("TORCHNEURON_SWAP_MODULE_PARAMS", "0", "bool",
-                "turn on torch's swap-on-conversion when the device registers"),
         Setting("TORCHNEURON_FUSION", "1", "bool",
                 "record eager ops and run each run of them as one XLA program"),
         Setting("TORCHNEURON_FUSION_CAP", "512", "int",

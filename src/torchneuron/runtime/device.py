@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import config
-from . import autocast, dispatch, platform, rng, serialization, storage
+from . import autocast, dispatch, module_conversion, platform, rng, serialization, storage
 
 DEVICE_NAME = "neuron"
 _lock = threading.Lock()
@@ -240,20 +239,6 @@ def get_device_properties(device: Any = None):
     return _DeviceProperties(f"neuron ({platform.platform_name()}: {kind})", jdev.platform, total, str(jdev))
 
 
-def _keep_shared_parameters_shared() -> None:
-    """Opt-in (TORCHNEURON_SWAP_MODULE_PARAMS=1): `module.to("neuron")` keeps tied weights tied.
-
-    PyTorch's `Module._apply` only assigns `param.data` in place when CPU and the target device
-    share a "shallow-copy compatible" tensor type, a fixed list of built-in devices; for any
-    other device it builds a new Parameter per module, which unties shared parameters. Swapping
-    tensors in place (PyTorch's announced future default) keeps them, but it is a process-wide
-    switch that also changes `load_state_dict`, which then fails for modules that hold weak
-    references to their parameters (nn.LSTM/GRU), on every device. So it stays opt-in.
-    """
-    if config.flag("TORCHNEURON_SWAP_MODULE_PARAMS"):
-        torch.__future__.set_swap_module_params_on_conversion(True)
-
-
 def register() -> None:
     """Register the device with PyTorch; safe to call any number of times."""
     global _registered
@@ -274,6 +259,6 @@ def register() -> None:
         )
         dispatch.install()
         autocast.install()
-        _keep_shared_parameters_shared()
+        module_conversion.install()  # Module.to keeps shared parameters shared
         serialization.install()
         _registered = True
