@@ -36,6 +36,10 @@ def __getattr__(name: str):
         from . import compiler
 
         return getattr(compiler, name)
+    if name == "library":  # custom ops from JAX/Pallas functions (imports on first use)
+        import importlib
+
+        return importlib.import_module(f"{__name__}.library")
     raise AttributeError(f"module 'torchneuron' has no attribute {name!r}")
 
 
@@ -44,6 +48,7 @@ _initialised = True
 __all__ = [
     "compile_stats",
     "fallback_ops",
+    "library",
     "op_counts",
     "platform_name",
     "reset_compile_stats",
