@@ -13,10 +13,13 @@
   JAX and given to `register_autograd`; the backward is a second custom op
   (`<name>_backward`), so it runs natively and compiles too.
 
-docs/KERNELS.md has the details.
+`override` replaces, within a scope, the lowering of an ATen op (a JAX function) or a PyTorch
+function such as `F.scaled_dot_product_attention` (a torch-level function that may return
+`NotImplemented` to keep the built-in path) on neuron tensors. docs/KERNELS.md has the details.
 """
 
 from .kernels import pallas_interpret
 from .ops import CustomOp, custom_op
+from .override import override
 
-__all__ = ["CustomOp", "custom_op", "pallas_interpret"]
+__all__ = ["CustomOp", "custom_op", "override", "pallas_interpret"]

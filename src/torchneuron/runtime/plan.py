@@ -248,3 +248,11 @@ def plan_for(op: OpOverload) -> OpPlan:
     if plan is None:
         plan = _PLANS[op] = OpPlan(op)
     return plan
+
+
+def forget_plans(op: OpOverload) -> None:
+    """Drop the plans (and cached executables) of `op` and of its in-place/out= variants,
+    after its lowering changed (torchneuron.library.override)."""
+    names = (op._schema.name, op._schema.name + "_")
+    for cached in [o for o in _PLANS if o._schema.name in names]:
+        del _PLANS[cached]
