@@ -173,6 +173,19 @@ def test_gradcheck_through_jax_vjp(device):
     assert torch.autograd.gradcheck(lambda t: split_stats(t, power=3), (x,))
 
 
+@tnlib.custom_op("tn_lib_test::conj_mix")
+def conj_mix(x: Tensor, y: Tensor) -> Tensor:
+    return x * jnp.conj(y) + jnp.sin(x)
+
+
+@pytest.mark.parametrize("device", ["cpu", NEURON])
+def test_complex_gradients_follow_pytorch_convention(device):
+    # PyTorch's complex gradient is the conjugate of JAX's cotangent; a non-holomorphic
+    # function (conj) tells the conventions apart. (Inputs drawn on CPU, then moved.)
+    x, y = (torch.randn(3, dtype=torch.complex128).to(device).requires_grad_() for _ in range(2))
+    assert torch.autograd.gradcheck(conj_mix, (x, y))
+
+
 def test_gradients_match_the_built_in_ops_on_neuron():
     torch.manual_seed(0)
     x = torch.randn(4, 8, device=NEURON, requires_grad=True)

@@ -209,8 +209,10 @@ class CustomOp:
                 elif g.shape != out.shape:  # a placeholder for an output without gradient
                     cotangents.append(jnp.zeros_like(out))
                 else:
-                    cotangents.append(g.astype(out.dtype))
-            return list(pullback(tuple(cotangents)))
+                    cotangents.append(jnp.conj(g.astype(out.dtype)))
+            # PyTorch's complex gradients are the conjugates of JAX's cotangents (conj is
+            # the identity on real arrays): torch grad = conj(vjp(conj(grad_output))).
+            return [jnp.conj(g) for g in pullback(tuple(cotangents))]
         except Exception as err:
             raise RuntimeError(
                 f"{self.qualname}: jax.vjp cannot differentiate its function "
