@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -120,8 +121,6 @@ class Signature:
 
 def strip_mutation(schema_text: str) -> str:
     """`(Tensor(a0!) x, float s)` -> `(Tensor x, float s)`."""
-    import re
-
     return re.sub(r"Tensor\([a-z0-9]+!?\)", "Tensor", schema_text)
 
 
@@ -206,7 +205,8 @@ def _cpu_kernel(sig: Signature, fn: Callable, expected: int) -> Callable:
         key = tuple(_hashable(values[i]) for i, a in enumerate(sig.args) if a.kind == OTHER)
         jitted = executables.get(key)
         if jitted is None:
-            frozen = list(values)
+            # The non-tensor values (the cache key); tensors are not kept alive by the cache.
+            frozen = [None if a.kind != OTHER else v for a, v in zip(sig.args, values)]
 
             def run(arrays):
                 vals = list(frozen)
@@ -253,7 +253,10 @@ def _fake_kernel(sig: Signature, fn: Callable, expected: int) -> Callable:
 
     def fake(*args, **kwargs):
         values = sig.bind(args, kwargs)
-        reference = next(t for i in sig.tensor_positions for t in flat_tensors(values[i]))
+        reference = next((t for i in sig.tensor_positions for t in flat_tensors(values[i])), None)
+        if reference is None:
+            raise RuntimeError(f"{sig.qualname}: called without any tensor argument (its "
+                               "outputs take the device of the first tensor argument)")
         with _tracing_for(platform_name()):
             shapes = _eval_shape(sig, fn, values, expected)
         if sig.returns_list:
