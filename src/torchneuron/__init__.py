@@ -38,6 +38,10 @@ def __getattr__(name: str):
         from . import compiler
 
         return getattr(compiler, name)
+    if name == "library":  # custom ops from JAX/Pallas functions (imports on first use)
+        import importlib
+
+        return importlib.import_module(f"{__name__}.library")
     raise AttributeError(f"module 'torchneuron' has no attribute {name!r}")
 
 
@@ -47,6 +51,7 @@ __all__ = [
     "compile_stats",
     "fallback_ops",
     "fusion_stats",
+    "library",
     "op_counts",
     "platform_name",
     "reset_compile_stats",

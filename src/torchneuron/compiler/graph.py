@@ -23,7 +23,7 @@ import torch.fx
 from jax.experimental import serialize_executable
 
 from .. import __version__, config
-from ..lowerings import LOWERINGS
+from ..lowerings import LOWERINGS, overrides
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from ..lowerings.registry import index_exception
 from ..runtime import fusion, opcall, platform, rng, signature, storage, strided
@@ -289,11 +289,14 @@ class CompiledGraph:
         if fusion.any_pending(inputs):  # recorded eager ops produce some inputs: run them
             fusion.flush()
             key, inputs, tensor_slots = self._signature(args)
-        entry = self.executables.get(key)
+        # An executable traced under lowering overrides (torchneuron.library.override) serves
+        # only calls under the same overrides.
+        cache_key = (key, overrides.token())
+        entry = self.executables.get(cache_key)
         if entry is None:
-            entry = self._build(key, inputs, args)
+            entry = self._build(key, inputs, args, cache_key)
         else:
-            self.executables.move_to_end(key)
+            self.executables.move_to_end(cache_key)
             bump("memory_cache_hits")
         executable, out_layouts, messages = entry
         draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes]
@@ -376,7 +379,7 @@ class CompiledGraph:
         return values, raw
 
     # -- building --------------------------------------------------------------------------
-    def _build(self, key: tuple, inputs: list, args: list):
+    def _build(self, key: tuple, inputs: list, args: list, cache_key: tuple):
         start = time.perf_counter()
         aliased = key[-1]
         out_nodes = self._output_metas()
@@ -430,7 +433,7 @@ class CompiledGraph:
             bump("xla_compilations")
             self._store_on_disk(disk_key, executable)
         entry = (executable, list(layouts), list(messages))
-        self.executables[key] = entry
+        self.executables[cache_key] = entry
         while len(self.executables) > self.max_shapes:
             self.executables.popitem(last=False)
         bump("compile_seconds", time.perf_counter() - start)
