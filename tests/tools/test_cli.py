@@ -169,6 +169,7 @@ def test_verify_example_agrees_and_writes_report(tmp_path) -> None:
     assert "Ops that fell back to CPU" in md
 
 
+@pytest.mark.slow  # two more interpreter runs; `make test` keeps the agreeing verify above
 def test_verify_disagreement_exits_1(tmp_path) -> None:
     result = _cli("verify", "--out", str(tmp_path / "r"), "--call", "losses(device, 3)",
                   str(DISAGREE_SCRIPT))
@@ -188,6 +189,7 @@ def test_tolerance_decides_agreement() -> None:
     assert not verify.compare([float("nan")], [float("nan")], rtol=1, atol=1)["agree"]
 
 
+@pytest.mark.slow
 def test_verify_without_losses_exits_3(tmp_path) -> None:
     result = _cli("verify", "--quiet", "--loss-regex", "no such line", "--out", str(tmp_path / "r"),
                   str(DISAGREE_SCRIPT))
