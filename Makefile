@@ -12,9 +12,10 @@ PYTEST_ARGS ?= -q -p no:cacheprovider
 # pytest-xdist worker processes for the test targets (2 cores in CI); TEST_WORKERS=0 runs the
 # tests in the pytest process itself.
 TEST_WORKERS ?= 2
-# loadgroup: tests sharing an expensive module fixture carry an xdist_group marker and stay in
-# one worker; the others are handed out one by one.
-PYTEST := $(BIN)/python -m pytest $(PYTEST_ARGS) -n $(TEST_WORKERS) --dist loadgroup
+# loadfile: each test file runs in one worker, so a module-scoped fixture (a 2-rank launch in
+# tests/distributed, one child process) runs once and compiled ops are reused within a file.
+# (loadgroup would be finer, but xdist 3.8 does not group tests under pytest 9.)
+PYTEST := $(BIN)/python -m pytest $(PYTEST_ARGS) -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: all demo test test-slow test-all lint bench bench-write bench-compile clean distclean
 

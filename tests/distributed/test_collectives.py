@@ -6,10 +6,6 @@ import collective_cases
 import pytest
 from launch import run_ranks
 
-# One launch of 2 ranks serves every test here: keep them in one xdist worker, or each worker
-# would launch its own (make test runs with --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("distributed-collectives")
-
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):

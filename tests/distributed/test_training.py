@@ -14,10 +14,6 @@ from training import STEPS, TINY
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import char_gpt  # noqa: E402
 
-# The module's fixtures (a 2-rank launch, a single-process run) serve every test here: keep them
-# in one xdist worker (make test runs with --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("distributed-training")
-
 
 @pytest.fixture(scope="module")
 def single():

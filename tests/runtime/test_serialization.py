@@ -222,7 +222,6 @@ def loaded_in_child() -> dict[str, list[str]]:
     return json.loads(proc.stdout.split("FAILURES", 1)[1])
 
 
-@pytest.mark.xdist_group("serialization-child")  # one child process for all four
 @pytest.mark.parametrize("map_location", MAP_LOCATIONS)
 def test_load_onto_the_device_round_trips(loaded_in_child, map_location):
     assert loaded_in_child[map_location] == []
