@@ -75,7 +75,9 @@ def test_ops_without_a_recorded_run(tmp_path, capsys) -> None:
 
 
 def test_doctor(capsys) -> None:
-    assert cli.main(["doctor"]) == 0
+    # The self-test's default 10 s budget skips (and so fails) checks on a loaded machine: at
+    # load average 15 the first elementwise check alone took 12 s. The checks are what is tested.
+    assert cli.main(["doctor", "--budget", "120"]) == 0
     out = capsys.readouterr().out
     for text in ("torch: 2.13.0", "jax: ", "PJRT platform: ", "neuron:0 -> ", "compile backend",
                  "entry point registered", "all checks passed"):
