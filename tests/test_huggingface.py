@@ -117,7 +117,8 @@ def _assert_match(neuron: list[float], cpu: list[float]) -> None:
     )
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
+# GPT-2 runs in `make test`; BERT (and both Trainer runs below) in `make test-slow`.
+@pytest.mark.parametrize("kind", ["gpt2", pytest.param("bert", marks=pytest.mark.slow)])
 def test_plain_loop_matches_cpu(kind: str) -> None:
     neuron = _plain_loop(kind, "neuron")
     cpu = _plain_loop(kind, "cpu")
@@ -125,6 +126,7 @@ def test_plain_loop_matches_cpu(kind: str) -> None:
     assert neuron[-1] < neuron[0], neuron
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_trainer_matches_cpu(kind: str, tmp_path, monkeypatch) -> None:
     neuron, neuron_device = _trainer(kind, "neuron", tmp_path, monkeypatch)

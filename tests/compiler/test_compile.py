@@ -320,6 +320,7 @@ def test_data_dependent_ops_give_eager_equal_results():
     torch.testing.assert_close(torch.as_tensor(got).cpu(), torch.as_tensor(expected))
 
 
+@pytest.mark.slow  # three interpreters; `make test` keeps test_second_process_reuses_disk_cache
 def test_concurrent_writers_share_the_disk_cache(tmp_path):
     script = textwrap.dedent(
         """

@@ -314,6 +314,7 @@ def test_failed_build_falls_back_with_a_warning(tmp_path):
     assert "earlier build failed" in proc.stdout
 
 
+@pytest.mark.slow  # a C++ build in a fresh cache (`make test` keeps the failed-build test)
 def test_concurrent_first_imports_build_once_and_all_load(tmp_path):
     code = """
         import torch
