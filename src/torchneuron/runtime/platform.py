@@ -43,7 +43,7 @@ if os.environ["XLA_FLAGS"] != _user_xla_flags and _xla_bridge.backends_are_initi
         RuntimeWarning, stacklevel=2,
     )
 
-from .. import config
+from .. import config  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 # Eager ops on the CPU client are small: running them on the calling thread avoids a thread
