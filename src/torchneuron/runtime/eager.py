@@ -8,9 +8,10 @@ from typing import Any
 import torch
 import torch._decomp
 
+from .. import config
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import index_exception
-from . import executable, fusion, rng, signature, storage, strided
+from . import _native, executable, fusion, rng, signature, storage, strided
 from .cpu_fallback import raise_as_on_cpu, run_on_cpu
 from .meta import flatten_results, meta_outputs
 from .plan import COUNTS, GENERATOR, NEURON, OpPlan, Route, plan_for
@@ -46,7 +47,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
             return run_lowered(plan, lowering, args, kwargs)
         except Exception as err:
             raise_as_on_cpu(plan.op, args, kwargs, err)
-        plan.cache[cache_key] = ex
+        _remember(plan, cache_key, ex)
     if ex.writes:
         inputs += executable.write_inputs(ex, values)
     if lowering.rng:
@@ -86,6 +87,23 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
     if recording and ex.index_error is not None:
         fusion.flush()  # an op that checks its indices ends the trace: its error is raised here
     return returned
+
+
+def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable) -> None:
+    """Keep `ex` for its signature; an op keeps at most TORCHNEURON_EAGER_SIGNATURES of them
+    (the oldest goes first), so that ever-new shapes do not grow memory without bound."""
+    cache = plan.cache
+    cache[cache_key] = ex
+    budget = _signature_budget()
+    native = _native.fastpath()
+    while len(cache) > budget:
+        evicted = cache.pop(next(iter(cache)))
+        if native is not None:
+            native.forget_executable(evicted.fn)
+
+
+def _signature_budget() -> int:
+    return int(config.raw("TORCHNEURON_EAGER_SIGNATURES"))
 
 
 def _generator_arg(plan: OpPlan, values: list):
