@@ -15,7 +15,7 @@ import torch
 
 from .. import config
 from . import storage, transfer
-from .plan import NEURON, TENSOR, OpPlan
+from .plan import NEURON, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, OpPlan
 
 OpOverload = torch._ops.OpOverload
 
@@ -115,10 +115,14 @@ def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     copied storage per neuron storage); None when they exceed _ERROR_PROBE_BYTES. Only for
     error paths: learning what CPU's kernel says about a call."""
     mirrors: dict[int, Any] = {}
+    replicas: dict[int, torch.Tensor] = {}  # one replica per tensor object, as CPU sees identity
     budget = [_ERROR_PROBE_BYTES]
 
     def convert(value):
         if isinstance(value, torch.Tensor) and value.device.type == NEURON:
+            replica = replicas.get(id(value))
+            if replica is not None:
+                return replica
             st = value.untyped_storage()
             key = st.data_ptr()
             cpu_st = mirrors.get(key)
@@ -127,9 +131,13 @@ def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
                 if budget[0] < 0:
                     raise _ProbeTooBig
                 flat = torch.empty(0, dtype=value.dtype, device=NEURON).set_(st)
-                cpu_st = mirrors[key] = transfer.neuron_to_cpu(flat).untyped_storage()
-            return torch.empty(0, dtype=value.dtype).set_(
+                # A storage of torch's own (numpy's is not resizable, and CPU kernels
+                # resize `out` before some of their checks).
+                cpu_st = mirrors[key] = torch.empty_like(flat, device="cpu").copy_(
+                    transfer.neuron_to_cpu(flat)).untyped_storage()
+            replica = replicas[id(value)] = torch.empty(0, dtype=value.dtype).set_(
                 cpu_st, value.storage_offset(), value.shape, value.stride())
+            return replica
         if isinstance(value, list | tuple):
             return type(value)(convert(v) for v in value)
         if isinstance(value, torch.device) and value.type == NEURON:
@@ -181,6 +189,21 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return lo, lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
+def _tensor_inputs(plan: OpPlan, values: list, written: int):
+    """(schema index, tensor) of a call's tensor arguments other than `written`, the items of
+    tensor lists included (`torch.cat([x, y], out=x)`)."""
+    for j, (kind, v) in enumerate(zip(plan.kinds, values)):
+        if j == written or v is None:
+            continue
+        if kind == TENSOR:
+            if isinstance(v, torch.Tensor):
+                yield j, v
+        elif kind == TENSOR_LIST or kind == OPT_TENSOR_LIST:
+            for item in v:
+                if isinstance(item, torch.Tensor):
+                    yield j, item
+
+
 def check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
     """CPU refuses to write a tensor whose elements share memory (`x.expand(3, 3).add_(1)`)
     or that overlaps one of the op's inputs (`torch.gather(x, 0, i, out=x[:3])`): the JAX
@@ -198,15 +221,12 @@ def check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
             suspicious, identical_only = True, False
             break
         lo, hi = _byte_range(w)
-        if lo == hi:
-            continue
-        for j, (kind, v) in enumerate(zip(plan.kinds, values)):
-            if kind != TENSOR or j == i or not isinstance(v, torch.Tensor):
-                continue
+        for j, v in _tensor_inputs(plan, values, i):
             if v is w and j not in plan.out_args and i not in plan.out_args:
                 continue  # in-place: self is read and written
             vlo, vhi = _byte_range(v)
-            if vlo < hi and lo < vhi and v.device.type == NEURON:
+            # The same tensor overlaps itself for CPU even when empty (`cat([x, y], out=x)`).
+            if v is w or vlo < hi and lo < vhi and v.device.type == NEURON:
                 same = (vlo == lo and v.shape == w.shape and v.stride() == w.stride())
                 identical_only = same if not suspicious else identical_only and same
                 suspicious = True

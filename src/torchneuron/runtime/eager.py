@@ -22,7 +22,8 @@ OpOverload = torch._ops.OpOverload
 decomposing: set[OpOverload] = set()
 
 
-def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
+def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
+                resized: bool = False) -> Any:
     """Run `lowering` for this call: one cached executable per argument signature."""
     values = plan.bind(args, kwargs)
     key, inputs = signature.arguments_key(plan, values)
@@ -31,13 +32,16 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
         try:
             ex = executable.build(plan, lowering, key, values, args, kwargs)
         except executable.ResizeOutputs as resize:
+            if resized:  # resizing `out` changed the expected shape: it is one of the inputs
+                raise RuntimeError(f"torchneuron: {plan.name}: an out= tensor is also an input "
+                                   "and must be resized; pass a separate out= tensor") from None
             for i, layout in zip(plan.out_args, resize.layouts):
                 if layout is not None:
                     shape, stride = layout
                     values[i].resize_(shape)
                     if values[i].stride() != stride and strided.dense_permutation(shape, stride):
                         values[i].as_strided_(shape, stride)
-            return run_lowered(plan, lowering, args, kwargs)
+            return run_lowered(plan, lowering, args, kwargs, resized=True)
         except Exception as err:
             raise_as_on_cpu(plan.op, args, kwargs, err)
         plan.cache[key] = ex
