@@ -49,3 +49,35 @@ def test_out_overlapping_a_listed_input(fn) -> None:
 def test_out_identical_to_empty_input_allowed_for_elementwise() -> None:
     x = torch.empty(0, device="neuron")
     assert torch.add(x, 1, out=x).shape == (0,)
+
+
+def _empty(shape, dtype, device):
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (lambda d: torch.neg(torch.ones(3, device=d), out=_empty(3, torch.float64, d)),
+         "Found dtype Double but expected Float"),
+        (lambda d: torch.neg(torch.ones(3, device=d), out=_empty(3, torch.int64, d)),
+         "Found dtype Long but expected Float"),
+        (lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, device=d),
+                                 out=_empty(2, torch.complex128, d)),
+         "Expected object of scalar type ComplexFloat"),
+        (lambda d: torch.aminmax(torch.ones(3, 3, device=d), dim=0,
+                                 out=(_empty(3, torch.float64, d), _empty(3, torch.float64, d))),
+         "Expected out tensor to have dtype float, but got double"),
+        (lambda d: torch.nonzero(torch.ones(3, device=d), out=_empty(0, torch.float32, d)),
+         "Expected out tensor to have scalar type Long"),
+        (lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
+                            out=_empty((2, 2), torch.float64, d)),
+         "Expected out tensor to have dtype float"),
+        (lambda d: torch.clamp(torch.ones(3, device=d, dtype=torch.half), 0, 1,
+                               out=_empty(3, torch.float32, d)),
+         "Found dtype Float but expected Half"),
+    ],
+    ids=["neg_double", "neg_long", "complex", "aminmax", "nonzero", "mm", "clamp_half"],
+)
+def test_out_of_a_dtype_cpu_refuses(fn, message: str) -> None:
+    _raises_like_cpu(fn, message)

@@ -15,6 +15,7 @@ import torch
 
 from .. import config
 from . import storage, transfer
+from .meta import callable_for
 from .plan import NEURON, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, OpPlan
 
 OpOverload = torch._ops.OpOverload
@@ -150,6 +151,21 @@ def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         return None
 
 
+def raise_if_cpu_refuses(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """Run the call on CPU copies of its arguments (cpu_replica) and let CPU's error, if it
+    has one, propagate: for what PyTorch's meta kernels do not check (overlapping writes,
+    the out= dtypes a kernel accepts). Calls too large to copy are let through."""
+    replica = cpu_replica(args, kwargs)
+    if replica is not None:
+        _run_replica(op, *replica)
+
+
+def _run_replica(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return callable_for(op, args, kwargs)(*args, **kwargs)
+
+
 def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     """Raise the exception CPU raises for this call; `err` itself if CPU agrees on its type or
     does not raise. PyTorch's meta kernels and JAX's shape checks raise other types than CPU's
@@ -162,9 +178,7 @@ def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     if replica is None:
         raise err
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            op(*replica[0], **replica[1])
+        _run_replica(op, *replica)
     except Exception as cpu_err:
         if type(cpu_err) is not type(err):
             raise cpu_err from err
@@ -232,10 +246,6 @@ def check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
                 suspicious = True
     if not suspicious or (identical_only and plan.op in _IDENTICAL_OUT_OK):
         return
-    replica = cpu_replica(args, kwargs)
-    if replica is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            plan.op(*replica[0], **replica[1])  # CPU's error, if it has one, propagates
+    raise_if_cpu_refuses(plan.op, args, kwargs)
     if identical_only:  # CPU accepts `out=` an input itself for this op: no need to ask again
         _IDENTICAL_OUT_OK.add(plan.op)

@@ -11,7 +11,7 @@ import torch._decomp
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import index_exception
 from . import executable, rng, signature, storage, strided
-from .cpu_fallback import raise_as_on_cpu, run_on_cpu
+from .cpu_fallback import raise_as_on_cpu, raise_if_cpu_refuses, run_on_cpu
 from .meta import flatten_results, meta_outputs
 from .plan import COUNTS, GENERATOR, NEURON, OpPlan, Route, plan_for
 
@@ -30,7 +30,9 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     ex = plan.cache.get(key)
     if ex is None:
         try:
-            ex = executable.build(plan, lowering, key, values, args, kwargs)
+            out_dtypes = (_out_dtypes(plan, values, args, kwargs)
+                          if plan.out_args and plan.lowering is None else None)
+            ex = executable.build(plan, lowering, key, values, args, kwargs, out_dtypes)
         except executable.ResizeOutputs as resize:
             if resized:  # resizing `out` changed the expected shape: it is one of the inputs
                 raise RuntimeError(f"torchneuron: {plan.name}: an out= tensor is also an input "
@@ -62,6 +64,30 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     if fresh_meta is None:
         fresh_meta, outputs = executable.dynamic_layout(outputs, lowering)
     return executable.assemble_returns(plan, fresh_meta, values, outputs)
+
+
+def _out_dtypes(plan: OpPlan, values: list, args: tuple, kwargs: dict) -> executable.OutDtypes | None:
+    """For an out= call computed by its functional op: None when every `out` has the dtype of
+    the functional result; else CPU's error if CPU refuses those dtypes (PyTorch's meta
+    kernels accept any: `neg(float, out=double)`, `aminmax(float, out=double)`), else how the
+    call computes in them."""
+    results = executable.functional_meta(plan, args, kwargs)
+    if results is None:
+        return None
+    round_to = {}
+    for i, natural in zip(plan.out_args, results):
+        out = values[i]
+        if isinstance(out, torch.Tensor) and isinstance(natural, torch.Tensor) and (
+                out.dtype != natural.dtype):
+            round_to[i] = natural.dtype
+    if not round_to:
+        return None
+    raise_if_cpu_refuses(plan.op, args, kwargs)
+    if len(plan.out_args) == 1 and "dtype" in plan.arg_names and (
+            values[plan.arg_names.index("dtype")] is None):
+        # Reductions with a `dtype=` argument (sum, mean, cumsum, prod) compute in out's.
+        return executable.OutDtypes({}, values[plan.out_args[0]].dtype)
+    return executable.OutDtypes(round_to)
 
 
 def _generator_arg(plan: OpPlan, values: list):
@@ -112,9 +138,14 @@ def run_out_variant(plan: OpPlan, functional: OpOverload, args: tuple, kwargs: d
             decomposing.discard(functional)
     results = flatten_results(result)
     metas = flatten_results(meta) if meta is not None else results
-    for out, res, m in zip(outs, results, metas):
+    for out, res in zip(outs, results):
         if out.device.type != NEURON:
             raise signature.device_mismatch(out.device)
+        if isinstance(res, torch.Tensor) and out.dtype != res.dtype:
+            # PyTorch's meta kernels accept any out= dtype (nonzero has none): ask CPU.
+            raise_if_cpu_refuses(plan.op, args, kwargs)
+            break
+    for out, res, m in zip(outs, results, metas):
         if tuple(out.shape) != tuple(m.shape):
             out.resize_(m.shape)
             if m.stride() != out.stride() and m.is_contiguous() is False:
