@@ -21,13 +21,18 @@ OpOverload = torch._ops.OpOverload
 # finishes on CPU instead of recursing.
 decomposing: set[OpOverload] = set()
 
+_get_default_dtype = torch.get_default_dtype
+
 
 def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
                 resized: bool = False) -> Any:
     """Run `lowering` for this call: one cached executable per argument signature."""
     values = plan.bind(args, kwargs)
     key, inputs = signature.arguments_key(plan, values)
-    ex = plan.cache.get(key)
+    # The default dtype is part of what an executable computes (int / int, factories without
+    # dtype=, int-to-float promotion): executables are kept per default dtype.
+    cache_key = (key, _get_default_dtype())
+    ex = plan.cache.get(cache_key)
     if ex is None:
         try:
             out_dtypes = (_out_dtypes(plan, values, args, kwargs)
@@ -46,13 +51,13 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             return run_lowered(plan, lowering, args, kwargs, resized=True)
         except Exception as err:
             raise_as_on_cpu(plan.op, args, kwargs, err)
-        plan.cache[key] = ex
+        plan.cache[cache_key] = ex
     write_inputs = executable.write_inputs(ex, values) if ex.writes else ()
     draw = rng.split_draw(rng.next_draw(_generator_arg(plan, values))) if lowering.rng else None
     try:
         outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
     except Exception as err:  # raised while tracing the lowering (or by a jit=False one)
-        plan.cache.pop(key, None)
+        plan.cache.pop(cache_key, None)
         raise_as_on_cpu(plan.op, args, kwargs, err)
     if check is not None and bool(check):
         raise index_exception(ex.index_error)
