@@ -237,3 +237,16 @@ def test_resize_as_memory_format(template, memory_format):
         except RuntimeError as err:  # channels_last of a 2-d template: both refuse
             results.append(type(err))
     assert results[1] == results[0]
+
+
+def test_dlpack_import_of_a_neuron_capsule_raises_instead_of_reading_zeros():
+    # A DLPack capsule of a neuron tensor carries its synthetic device address; the tensor
+    # torch.from_dlpack wraps around it has no device data behind it: every read must raise.
+    x = torch.arange(4.0, device=DEV)
+    y = torch.from_dlpack(torch.utils.dlpack.to_dlpack(x))
+    for use in (lambda: y.cpu(), lambda: y + 1, lambda: y.add_(1)):
+        with pytest.raises(RuntimeError, match="DLPack"):
+            use()
+    # memory from PyTorch's allocator for the device is still the device's own
+    t = torch.empty(0, device=DEV).set_(torch.UntypedStorage(16, device=DEV))
+    assert t.cpu().tolist() == [0.0] * 4
