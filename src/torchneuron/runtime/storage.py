@@ -230,12 +230,21 @@ def storage_buffer(storage, dtype: torch.dtype) -> jax.Array:
     if buf is not None and payload.dtype == dtype:
         return buf
     if buf is None:
-        count = payload.nbytes // dtype.itemsize
-        buf = jnp.zeros((count,), to_jax_dtype(dtype), device=platform.jax_device(0))
+        buf = _zeros(payload.nbytes // dtype.itemsize, dtype)
     else:
         buf = reinterpret(buf, payload.dtype, dtype)
     payload.buf, payload.dtype = buf, dtype
     return buf
+
+
+def _zeros(count: int, dtype: torch.dtype) -> jax.Array:
+    """The contents of a storage never written (`empty` followed by `fill_`, as `torch.ones`
+    runs): on the CPU client a host array handed over, because `jnp.zeros` compiles one
+    executable per size (a new shape cost two compilations instead of one)."""
+    jax_dtype = to_jax_dtype(dtype)
+    if platform.platform_name() == "cpu":
+        return jax.device_put(np.zeros((count,), jax_dtype), platform.jax_device(0))
+    return jnp.zeros((count,), jax_dtype, device=platform.jax_device(0))
 
 
 def set_storage_buffer(storage, buf: jax.Array, dtype: torch.dtype) -> None:
