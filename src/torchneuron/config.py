@@ -47,7 +47,7 @@ SETTINGS: dict[str, Setting] = {
                 "record eager ops and run each run of them as one XLA program"),
         Setting("TORCHNEURON_FUSION_CAP", "512", "int",
                 "recorded ops after which the trace runs even if nothing reads it"),
-        Setting("TORCHNEURON_FUSION_PROGRAMS", "256", "int",
+        Setting("TORCHNEURON_FUSION_PROGRAMS", "128", "int",
                 "fused programs kept in memory (least recently used dropped first)"),
         Setting("TORCHNEURON_EAGER_SIGNATURES", "64", "int",
                 "eager executables kept per op (one per argument signature; oldest dropped first)"),
