@@ -45,7 +45,18 @@ SECTION = "# Eager mode"
 
 
 def _fresh_cache_env() -> dict:
-    return {**os.environ, "TORCHNEURON_CACHE_DIR": tempfile.mkdtemp(prefix="eager_bench_")}
+    """An empty cache directory (no compiled executables, no JAX cache) holding only the C++
+    library this install already built: a cold start, not a first install."""
+    import shutil
+
+    from torchneuron.runtime import _native
+
+    root = Path(tempfile.mkdtemp(prefix="eager_bench_"))
+    library = _native.library_path()
+    if library.exists():
+        (root / "ext").mkdir()
+        shutil.copy2(library, root / "ext" / library.name)
+    return {**os.environ, "TORCHNEURON_CACHE_DIR": str(root)}
 
 
 def _run_child(code: str, env: dict, timeout: int = 1800) -> dict:

@@ -248,10 +248,36 @@ def test_every_parity_model_fused_and_op_by_op_agree(fused, name):
 def test_fused_program_cache_has_a_budget(fused, monkeypatch):
     monkeypatch.setenv("TORCHNEURON_FUSION_PROGRAMS", "3")
     before = torchneuron.fusion_stats()["evictions"]
-    for n in range(2, 10):
-        (torch.ones(n, 3, device=DEV) * 2 + 1).sum(0).cpu()
+    x = torch.ones(4, 3, device=DEV)
+    for n in range(2, 10):  # eight different traces: chains of n multiplications
+        y = x
+        for _ in range(n):
+            y = y * 2
+        y.cpu()
     assert len(fusion._PROGRAMS) <= 3
     assert torchneuron.fusion_stats()["evictions"] - before >= 5
+
+
+def test_a_trace_with_ever_new_shapes_runs_op_by_op(fused):
+    # as generate() does at every token: the same ops, one new size each time
+    torch.ones(1, device=DEV).cpu()
+
+    def run(n):
+        a = torch.arange(n * 3.0, device=DEV).reshape(n, 3)
+        result = (a * 2 + 1).sum(0)
+        assert torch.equal(result.cpu(), (torch.arange(n * 3.0).reshape(n, 3) * 2 + 1).sum(0))
+
+    for n in range(30, 30 + fusion._SHAPE_CHURN):  # compiled: each skeleton's first shapes
+        run(n)
+    before = torchneuron.fusion_stats()
+    for n in range(40, 44):
+        run(n)
+    after = torchneuron.fusion_stats()
+    assert after["compilations"] == before["compilations"]
+    assert after["op_by_op"] - before["op_by_op"] >= 4
+    for _ in range(2):  # a shape that was compiled is still served by its program
+        run(30)
+    assert torchneuron.fusion_stats()["cache_hits"] - after["cache_hits"] >= 2
 
 
 def test_eager_signatures_per_op_have_a_budget(monkeypatch):

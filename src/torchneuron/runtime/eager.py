@@ -101,10 +101,12 @@ def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable) -> None
     (the oldest goes first), so that ever-new shapes do not grow memory without bound."""
     cache = plan.cache
     cache[cache_key] = ex
+    fusion.name_executable(ex.fn, plan.op)
     budget = _signature_budget()
     native = _native.fastpath()
     while len(cache) > budget:
         evicted = cache.pop(next(iter(cache)))
+        fusion.forget_executable(evicted.fn)
         if native is not None:
             native.forget_executable(evicted.fn)
 

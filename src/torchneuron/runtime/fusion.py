@@ -16,6 +16,12 @@ accepted between eager and compiled mode). Programs are cached by the trace's st
 executables, how their inputs connect, which results are kept); scalars and buffers are inputs,
 so a training loop reaches a steady state without new compilations.
 
+Adaptive: a trace whose ops keep coming back with new shapes (Hugging Face `generate()` meets a
+new sequence length at every token) would compile a whole new program each time. When the same
+ops in the same arrangement (the trace's skeleton: its structure without shapes) have been
+compiled `_SHAPE_CHURN` times already, a new shape of it runs op by op instead, on the ops' own
+executables, which the ops whose shapes did not change share across those traces.
+
 An op that checks its indices (gather, embedding, index_select, nll_loss...) ends the trace:
 the trace runs right after it is recorded, so an index out of range raises at the call, as on
 CPU, with the op and the user's source line in the message. `TORCHNEURON_LAUNCH_BLOCKING=1`
@@ -61,6 +67,7 @@ class FusionStats:
         self.compilations = 0  # fused programs built (traced and compiled)
         self.cache_hits = 0  # traces served by a program already built
         self.evictions = 0  # programs dropped from the cache (its budget)
+        self.op_by_op = 0  # traces run op by op (a skeleton seen with too many shapes)
         self.values_kept = 0  # results the programs returned (the rest died inside the trace)
         self.compile_seconds = 0.0
 
@@ -69,6 +76,39 @@ STATS = FusionStats()
 
 # trace structure -> jitted program, least recently used first
 _PROGRAMS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+
+# id(executable) -> its op (eager.py names each executable it keeps), for trace skeletons
+_OP_OF: dict[int, Any] = {}
+# trace skeleton -> how many programs were compiled for it (bounded, least recently used first)
+_SKELETONS: collections.OrderedDict[tuple, int] = collections.OrderedDict()
+_SHAPE_CHURN = 2  # programs compiled for one skeleton before its new shapes run op by op
+_SKELETONS_KEPT = 4096
+
+
+def name_executable(fn, op) -> None:
+    """Tell the trace skeletons which op `fn` (an eager executable) computes."""
+    _OP_OF[id(fn)] = op
+
+
+def forget_executable(fn) -> None:
+    _OP_OF.pop(id(fn), None)
+
+
+def _shapes_churn(nodes) -> bool:
+    """Whether this new structure is a skeleton already compiled for `_SHAPE_CHURN` shapes
+    (else it counts one more compilation for it)."""
+    skeleton = tuple((_OP_OF.get(id(fn)), refs, n) for fn, refs, n, _ in nodes)
+    if None in (op for op, _refs, _n in skeleton):
+        return False  # an executable not made by eager.py (compiled graphs, overrides)
+    compiled = _SKELETONS.get(skeleton, 0)
+    if compiled >= _SHAPE_CHURN:
+        _SKELETONS.move_to_end(skeleton)
+        return True
+    _SKELETONS[skeleton] = compiled + 1
+    _SKELETONS.move_to_end(skeleton)
+    while len(_SKELETONS) > _SKELETONS_KEPT:
+        _SKELETONS.popitem(last=False)
+    return False
 
 
 def stats() -> dict[str, float]:
@@ -167,7 +207,10 @@ def flush() -> None:
         program = _PROGRAMS.get(structure)
         STATS.flushes += 1
         STATS.ops += len(nodes)
-        if program is None:
+        if program is None and _shapes_churn(nodes):
+            STATS.op_by_op += 1
+            values, flags = _run(_body(nodes, structure), externals, len(nodes))
+        elif program is None:
             start = time.perf_counter()
             program = _build(nodes, structure)
             values, flags = _run(program, externals, len(nodes))
@@ -195,7 +238,9 @@ def _run(program, externals: tuple, num_ops: int):
     return program(*externals)
 
 
-def _build(nodes, structure: tuple):
+def _body(nodes, structure: tuple):
+    """The trace as a function of its external inputs: the ops' executables in order, returning
+    the values kept and the index-check flags (run as is, it is op-by-op execution)."""
     steps = [(fn, refs, n) for fn, refs, n, _ in nodes]
     live_values, check_values = structure[1], structure[2]
 
@@ -206,7 +251,11 @@ def _build(nodes, structure: tuple):
             values.extend(fn(*args))
         return [values[v] for v in live_values], [values[v] for v in check_values]
 
-    jitted = jax.jit(program)
+    return program
+
+
+def _build(nodes, structure: tuple):
+    jitted = jax.jit(_body(nodes, structure))
     _PROGRAMS[structure] = jitted
     budget = int(config.raw("TORCHNEURON_FUSION_PROGRAMS"))
     while len(_PROGRAMS) > budget:
