@@ -21,26 +21,50 @@ import numpy as np
 import torch
 import torch.fx
 from jax.experimental import serialize_executable
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import __version__, config
-from ..lowerings import LOWERINGS
+from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from ..lowerings.registry import index_exception
-from ..runtime import opcall, platform, rng, signature, storage, strided
+from ..runtime import opcall, platform, rng, signature, storage, strided, transfer
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
-from . import disk_cache
+from . import disk_cache, support
 from .stats import bump
 
 aten = torch.ops.aten
+_NOT_RANDOM = Lowering(fn=None)
+_HOST_ARRAY = "host array"  # signature key tag of a CPU tensor input (not 0-dim)
 
 
 class LoweringError(RuntimeError):
-    """A node of the graph has no lowering (or its lowering failed to trace)."""
+    """A node of the graph cannot be lowered: `reason` says why, `location` where in the
+    user's source the op comes from."""
 
     def __init__(self, node: torch.fx.Node, reason: str) -> None:
-        super().__init__(f"{node.target}: {reason}")
         self.op_name = str(node.target)
+        self.reason = reason
+        self.location = source_location(node)
+        where = f" (from {self.location})" if self.location else ""
+        super().__init__(f"{self.op_name}{where}: {reason}")
+
+
+def source_location(node: torch.fx.Node) -> str:
+    """The innermost user frame a node was traced from: 'file.py:12 in forward: code'."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            # 'File "/path/model.py", line 12, in forward' followed by the code line
+            parts = lines[i].split('"')
+            path = parts[1] if len(parts) > 2 else lines[i]
+            rest = parts[2] if len(parts) > 2 else ""
+            lineno = rest.split("line", 1)[-1].split(",")[0].strip()
+            func = rest.split(" in ", 1)[-1].strip() if " in " in rest else ""
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            return f"{path}:{lineno} in {func}: {code}".rstrip(": ")
+    return ""
 
 
 _SYM_FUNCTIONS = {
@@ -87,7 +111,8 @@ class GraphInterpreter:
         }
         self.rng_nodes = [
             n for n in self.nodes
-            if n.op == "call_function" and n.target in LOWERINGS and LOWERINGS[n.target].rng
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and (support.graph_lowering(n.target) or _NOT_RANDOM).rng
         ]
         self._check_lowerable()
 
@@ -99,24 +124,28 @@ class GraphInterpreter:
                     continue
                 if target in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
                     continue
+                if target in support.CHECKS:
+                    continue
                 if target is aten.copy_.default:
                     if node.args[0] not in self.placeholders:
-                        raise LoweringError(node, "copy_ into an intermediate value")
+                        raise LoweringError(node, "it copies into an intermediate value")
                     continue
-                if _is_foreach(target):
-                    if _foreach_base(target) is None:
-                        raise LoweringError(node, "no lowering")
+                if support.is_foreach(target):
+                    if support.foreach_base(target) is None:
+                        raise LoweringError(node, "it has no lowering")
                     continue
-                lowering = LOWERINGS.get(target)
-                if lowering is None:
-                    raise LoweringError(node, "no lowering")
-                if not lowering.jit:
-                    raise LoweringError(node, "data-dependent output shape")
+                if not isinstance(target, torch._ops.OpOverload):
+                    raise LoweringError(node, "it is not an ATen op")
+                refusal = support.op_refusal(target)
+                if refusal is not None:
+                    raise LoweringError(node, refusal)
+                lowering = support.graph_lowering(target)
                 if lowering.only_when is not None:
                     plan = plan_for(target)
                     arguments = dict(zip(plan.arg_names, _examples(plan, node.args, node.kwargs)))
                     if not lowering.only_when(arguments):
-                        raise LoweringError(node, "this mode of the op is not lowered")
+                        raise LoweringError(node, "this mode of the op is not lowered "
+                                            "(eager mode runs it on CPU or decomposes it)")
             elif node.op in ("call_module", "call_method"):
                 raise LoweringError(node, f"unsupported FX node kind {node.op}")
 
@@ -158,6 +187,11 @@ class GraphInterpreter:
             if target is aten.sym_stride.int:
                 env[node] = _val(node)
                 continue
+            if target in support.CHECKS:
+                # Metadata and range assertions the tracer has already proven for the
+                # shapes this executable serves; a dependency token where one is returned.
+                env[node] = jnp.zeros((), bool) if isinstance(_val(node), torch.Tensor) else None
+                continue
             if target is aten.copy_.default:
                 dst_node, value = node.args[0], args[1]
                 meta = _val(dst_node)
@@ -167,7 +201,7 @@ class GraphInterpreter:
                 if mutated is not None:
                     mutated[slot[dst_node]] = value
                 continue
-            if _is_foreach(target):
+            if support.is_foreach(target):
                 env[node] = self._foreach(node, target, args, kwargs)
                 continue
             env[node] = self._call(node, target, args, kwargs, draw_iter, checks)
@@ -175,7 +209,7 @@ class GraphInterpreter:
 
     def _foreach(self, node, target, args, kwargs):
         """A `_foreach_*` op (compiled optimizers): the per-tensor lowering, once per element."""
-        base = _foreach_base(target)
+        base = support.foreach_base(target)
         lowering = LOWERINGS[base]
         plan = plan_for(base)
         lists = [i for i, a in enumerate(node.args) if isinstance(a, list | tuple)]
@@ -195,7 +229,7 @@ class GraphInterpreter:
         return results
 
     def _call(self, node, target, args, kwargs, draw_iter, checks):
-        return self._invoke(node, plan_for(target), LOWERINGS[target], args, kwargs,
+        return self._invoke(node, plan_for(target), support.graph_lowering(target), args, kwargs,
                             (node.args, node.kwargs), draw_iter, checks, _val(node))
 
     def _invoke(self, node, plan, lowering, args, kwargs, arg_nodes, draw_iter, checks, meta):
@@ -219,40 +253,6 @@ class GraphInterpreter:
         if bad is not None:
             checks.append((bad, lowering.index_error))
         return opcall.cast_results(result, meta)
-
-
-def _is_foreach(target) -> bool:
-    packet = getattr(target, "_overloadpacket", None)
-    return packet is not None and packet.__name__.startswith("_foreach_")
-
-
-# Per-element overloads to try for each `_foreach_*` overload, in order.
-_FOREACH_OVERLOADS = {
-    "default": ("default",),
-    "Scalar": ("Tensor", "Tensor_Scalar", "default"),
-    "ScalarList": ("Tensor", "Tensor_Scalar", "default"),
-    "List": ("Tensor", "Tensor_Tensor", "default"),
-    "Tensor": ("Tensor", "Tensor_Tensor"),
-    "ScalarAndTensor": ("Scalar",),
-}
-
-
-def _foreach_base(target):
-    """The per-tensor op a `_foreach_*` overload applies, when it has a usable lowering."""
-    name = target._overloadpacket.__name__[len("_foreach_"):]
-    packet = getattr(aten, name, None)
-    if packet is None or name in ("copy", "zero", "norm"):
-        return None
-    if packet in (aten.addcmul, aten.addcdiv) and target._overloadname != "Scalar" and \
-            target._overloadname != "ScalarList":
-        return None
-    for overload in _FOREACH_OVERLOADS.get(target._overloadname, ()):
-        op = getattr(packet, overload, None)
-        if op is not None and op in LOWERINGS:
-            lowering = LOWERINGS[op]
-            if lowering.jit and not lowering.rng and lowering.index_error is None:
-                return op
-    return None
 
 
 class CompiledGraph:
@@ -333,7 +333,13 @@ class CompiledGraph:
         slots = []
         for value in args:
             if isinstance(value, torch.Tensor):
-                key.append(signature.tensor_key(value, inputs))
+                if value.device.type == "cpu" and value.dim() > 0:
+                    # A host tensor the graph moves to the device itself (`batch.to("neuron")`
+                    # inside the compiled function): its values are the executable's input.
+                    inputs.append(transfer.cpu_to_numpy(value))
+                    key.append((_HOST_ARRAY, value.dtype, tuple(value.shape)))
+                else:
+                    key.append(signature.tensor_key(value, inputs))
                 slots.append(True)
             else:
                 # SymInt inputs arrive as Python ints: one executable per concrete value.
@@ -362,6 +368,8 @@ class CompiledGraph:
         for index, k in enumerate(key[:-1]):
             if k[0] == "static":
                 values.append(k[1])
+            elif k[0] == _HOST_ARRAY:
+                values.append(jnp.asarray(next(it)))
             elif isinstance(k[0], torch.dtype):  # a plain neuron tensor: keep its buffer
                 buf = next(it)
                 spec = k[1]
@@ -398,7 +406,9 @@ class CompiledGraph:
                     flat.append(None)
                 elif isinstance(out, jax.Array | jax.core.Tracer) and hasattr(out, "shape"):
                     stride = _concrete_stride(meta, out.shape)
-                    layouts.append(("tensor", _torch_dtype(meta, out), tuple(out.shape), stride))
+                    # A graph may compute values for the host (`.cpu()`, `.tolist()`'s source)
+                    kind = "host" if _on_host(meta) else "tensor"
+                    layouts.append((kind, _torch_dtype(meta, out), tuple(out.shape), stride))
                     flat.append(strided.to_memory_order(out, stride))
                 else:
                     layouts.append(("value", out))
@@ -489,7 +499,11 @@ class CompiledGraph:
                 _, index, size, stride, offset = layout
                 results.append(args[index].as_strided(size, stride, offset))
                 continue
-            _, dtype, shape, stride = layout
+            kind, dtype, shape, stride = layout
+            if kind == "host":
+                flat = transfer.numpy_to_cpu(np.array(buf), dtype)
+                results.append(flat.as_strided(shape, stride))
+                continue
             results.append(storage.new_tensor(shape, dtype, stride, buf))
         return results
 
@@ -531,6 +545,10 @@ def _is_device_tensor(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == NEURON
 
 
+def _on_host(meta) -> bool:
+    return isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
+
+
 def _torch_dtype(meta, out) -> torch.dtype:
     if isinstance(meta, torch.Tensor):
         return meta.dtype
@@ -550,6 +568,12 @@ def _concrete_stride(meta, shape) -> tuple[int, ...]:
 
 
 def _graph_digest(gm: torch.fx.GraphModule) -> str:
+    # AOTAutograd calls the backend with its fake mode active; constants are real tensors.
+    with unset_fake_temporarily():
+        return _digest(gm)
+
+
+def _digest(gm: torch.fx.GraphModule) -> str:
     h = hashlib.sha256(gm.code.encode())
     for name, buf in list(gm.named_buffers()) + list(gm.named_parameters()):
         h.update(name.encode())
@@ -562,14 +586,22 @@ def _graph_digest(gm: torch.fx.GraphModule) -> str:
     return h.hexdigest()
 
 
-def eager_graph(gm: torch.fx.GraphModule, reason: str, options: dict[str, Any]):
-    """Run the graph op by op on the device (the fallback when it cannot be compiled)."""
+_WARNED: set[tuple[str, str]] = set()
+
+
+def eager_graph(gm: torch.fx.GraphModule, error: LoweringError, options: dict[str, Any]):
+    """Run the graph op by op on the device (the fallback when it cannot be compiled); warned
+    once per op and source line, counted in `compile_stats()["eager_fallbacks"]`."""
     if options.get("strict") or config.strict():
-        raise RuntimeError(f"torchneuron.compile: cannot lower the graph: {reason}")
-    warnings.warn(
-        f"torchneuron.compile: graph runs in eager mode on the device because {reason}",
-        stacklevel=2,
-    )
+        raise RuntimeError(f"torchneuron.compile: cannot lower the graph: {error}")
+    if (error.op_name, error.location) not in _WARNED:
+        _WARNED.add((error.op_name, error.location))
+        where = f" (from {error.location})" if error.location else ""
+        warnings.warn(
+            f"torchneuron.compile: a graph runs op by op in eager mode on the device because "
+            f"{error.op_name}{where} cannot be lowered: {error.reason}",
+            stacklevel=2,
+        )
     bump("eager_fallbacks")
 
     def run(*args):

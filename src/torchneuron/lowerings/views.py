@@ -179,3 +179,9 @@ def view_dtype(x, dtype):
     ratio = target.itemsize // x.dtype.itemsize
     grouped = x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio))
     return lax.bitcast_convert_type(grouped, target)
+
+
+@lowers(aten._conj.default, graph_only=True)
+def conj_in_graph(x):
+    # Eager mode sets the lazy conjugate bit of a view; a graph computes the values.
+    return jnp.conj(x)
