@@ -9,6 +9,9 @@ Options (`torch.compile(..., options={...})`):
   XLA compiles once per distinct concrete input shape, and at most this many stay loaded.
 - `strict` (bool, default False): raise instead of running a graph that cannot be lowered in
   eager mode on the device.
+- `donate` (bool, default True): the executable overwrites the storage buffers of the inputs
+  a graph mutates (parameters and optimizer state in a compiled step), in place, instead of
+  writing new ones; `False` keeps every input buffer intact (for debugging).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from . import advisories
 from .graph import CompiledGraph, LoweringError, eager_graph
 from .support import graph_decompositions
 
-KNOWN_OPTIONS = {"max_shapes", "strict"}
+KNOWN_OPTIONS = {"donate", "max_shapes", "strict"}
 
 advisories.install()
 

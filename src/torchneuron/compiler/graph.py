@@ -263,6 +263,7 @@ class CompiledGraph:
         self.options = options
         self.max_shapes = int(options.get("max_shapes", 16))
         self.strict = bool(options.get("strict", False))
+        self.donate = bool(options.get("donate", True))
         self.interpreter = GraphInterpreter(gm)  # raises LoweringError if not lowerable
         self.executables: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.graph_digest = _graph_digest(gm)
@@ -285,7 +286,7 @@ class CompiledGraph:
         bump("graphs_compiled")
 
     def __call__(self, *args) -> list:
-        key, inputs, tensor_slots = self._signature(args)
+        key, inputs = self._signature(args)
         entry = self.executables.get(key)
         if entry is None:
             entry = self._build(key, inputs, args)
@@ -293,17 +294,23 @@ class CompiledGraph:
             self.executables.move_to_end(key)
             bump("memory_cache_hits")
         executable, out_layouts, messages = entry
-        draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes]
-        outputs, checks, writes = executable(inputs, draws)
-        for bad, message in zip(checks, messages):
-            if bool(bad):
-                raise index_exception(message)
+        draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes] \
+            if self.interpreter.rng_nodes else []
+        donated = key[-1][1]
+        if donated:
+            outputs, checks, writes = executable(*_split(inputs, donated), draws)
+        else:
+            outputs, checks, writes = executable([], inputs, draws)
+        if messages:
+            for bad, message in zip(checks, messages):
+                if bool(bad):
+                    raise index_exception(message)
         if writes:
             self._apply_mutations(key, args, writes)
         return self._wrap(outputs, out_layouts, args)
 
     def _apply_mutations(self, key: tuple, args, writes: list) -> None:
-        aliased = key[-1]
+        aliased = key[-1][0]
         host = []
         for index, new in zip(sorted(self.interpreter.mutations), writes):
             dst = args[index]
@@ -328,36 +335,45 @@ class CompiledGraph:
 
     # -- inputs ----------------------------------------------------------------------------
     def _signature(self, args: list):
+        """(key, inputs): the executable's cache key and its input list. The key's last entry
+        is (aliased, donated): whether two mutated inputs share a storage, and the positions
+        in `inputs` of the storage buffers the executable may overwrite (donate)."""
         key = []
-        inputs = []
-        slots = []
-        for value in args:
+        inputs: list = []
+        mutations = self.interpreter.mutations
+        buffer_at = {}  # mutated placeholder -> position of its storage buffer in `inputs`
+        for index, value in enumerate(args):
             if isinstance(value, torch.Tensor):
                 if value.device.type == "cpu" and value.dim() > 0:
                     # A host tensor the graph moves to the device itself (`batch.to("neuron")`
                     # inside the compiled function): its values are the executable's input.
                     inputs.append(transfer.cpu_to_numpy(value))
                     key.append((_HOST_ARRAY, value.dtype, tuple(value.shape)))
-                else:
-                    key.append(signature.tensor_key(value, inputs))
-                slots.append(True)
+                    continue
+                start = len(inputs)
+                k = signature.tensor_key(value, inputs)
+                key.append(k)
+                if index in mutations and isinstance(k[0], torch.dtype):
+                    buffer_at[index] = start
             else:
                 # SymInt inputs arrive as Python ints: one executable per concrete value.
                 key.append(("static", value if not isinstance(value, torch.SymInt) else int(value)))
-                slots.append(False)
-        # Mutated inputs sharing a storage cannot each swap in a whole buffer: then the
-        # executable returns the values and they are copied in one by one.
         aliased = False
-        if self.interpreter.mutations:
-            seen = set()
-            for index in self.interpreter.mutations:
-                value = args[index]
-                if _is_device_tensor(value):
-                    ptr = value.untyped_storage()._cdata
-                    aliased = aliased or ptr in seen
-                    seen.add(ptr)
-        key.append(aliased)
-        return tuple(key), inputs, slots
+        donated: tuple[int, ...] = ()
+        if mutations:
+            # Mutated inputs sharing a storage cannot each swap in a whole buffer: then the
+            # executable returns the values and they are copied in one by one.
+            storages = [args[i].untyped_storage()._cdata for i in mutations
+                        if _is_device_tensor(args[i])]
+            aliased = len(set(storages)) != len(storages)
+            if self.donate and not aliased and buffer_at:
+                # A buffer the executable overwrites must reach it once, and only through
+                # the tensor it writes (a parameter read through another input keeps its
+                # buffer, and the write is a copy).
+                uses = collections.Counter(id(x) for x in inputs)
+                donated = tuple(sorted(p for p in buffer_at.values() if uses[id(inputs[p])] == 1))
+        key.append((aliased, donated))
+        return tuple(key), inputs
 
     def _placeholder_values(self, key: tuple, inputs) -> tuple[list, dict]:
         """Inside the trace: each placeholder's value, and placeholder index -> (flat buffer,
@@ -383,13 +399,13 @@ class CompiledGraph:
     # -- building --------------------------------------------------------------------------
     def _build(self, key: tuple, inputs: list, args: list):
         start = time.perf_counter()
-        aliased = key[-1]
+        aliased, donated = key[-1]
         out_nodes = self._output_metas()
         layouts: list = []
         messages: list = []
 
-        def fn(inputs, draws):
-            values, raw = self._placeholder_values(key, inputs)
+        def fn(donated_buffers, kept, draws):
+            values, raw = self._placeholder_values(key, _merge(donated_buffers, kept, donated))
             mutated: dict = {}
             outputs, checks = self.interpreter.run(values, draws, mutated)
             flat = []
@@ -406,9 +422,12 @@ class CompiledGraph:
                     flat.append(None)
                 elif isinstance(out, jax.Array | jax.core.Tracer) and hasattr(out, "shape"):
                     stride = _concrete_stride(meta, out.shape)
+                    dtype = _torch_dtype(meta, out)
+                    shape = tuple(out.shape)
                     # A graph may compute values for the host (`.cpu()`, `.tolist()`'s source)
                     kind = "host" if _on_host(meta) else "tensor"
-                    layouts.append((kind, _torch_dtype(meta, out), tuple(out.shape), stride))
+                    nbytes = storage.storage_size_for(shape, stride) * dtype.itemsize
+                    layouts.append((kind, dtype, shape, stride, nbytes))
                     flat.append(strided.to_memory_order(out, stride))
                 else:
                     layouts.append(("value", out))
@@ -426,9 +445,10 @@ class CompiledGraph:
             messages[:] = [message for _, message in checks]
             return flat, [bad for bad, _ in checks], writes
 
-        jitted = jax.jit(fn)
+        # Donated buffers (parameters, optimizer state) are overwritten in place by XLA.
+        jitted = jax.jit(fn, donate_argnums=(0,))
         draws = [rng.split_draw((0, 0)) for _ in self.interpreter.rng_nodes]
-        traced = jitted.trace(inputs, draws)
+        traced = jitted.trace(*_split(inputs, donated), draws)
         lowered = traced.lower()
         disk_key = self._disk_key(key, lowered)
         executable = self._load_from_disk(disk_key)
@@ -499,12 +519,15 @@ class CompiledGraph:
                 _, index, size, stride, offset = layout
                 results.append(args[index].as_strided(size, stride, offset))
                 continue
-            kind, dtype, shape, stride = layout
+            kind, dtype, shape, stride, nbytes = layout
             if kind == "host":
                 flat = transfer.numpy_to_cpu(np.array(buf), dtype)
                 results.append(flat.as_strided(shape, stride))
                 continue
-            results.append(storage.new_tensor(shape, dtype, stride, buf))
+            # storage.new_tensor, with the storage size worked out when the executable was built
+            tensor = torch._C._acc.create_empty_tensor(shape, dtype)
+            results.append(storage.attach(tensor, storage.new_storage(nbytes, dtype, buf), 0,
+                                          shape, stride))
         return results
 
 
@@ -539,6 +562,20 @@ def _view_of_input(node, slot: dict):
     except (TypeError, ValueError, RuntimeError):  # symbolic sizes
         return None
     return slot[base], size, stride, offset
+
+
+def _split(inputs: list, donated: tuple[int, ...]) -> tuple[list, list]:
+    """(the donated inputs, the others), both in order."""
+    chosen = set(donated)
+    return [inputs[i] for i in donated], [x for i, x in enumerate(inputs) if i not in chosen]
+
+
+def _merge(donated_buffers: list, kept: list, donated: tuple[int, ...]) -> list:
+    """The inverse of `_split`."""
+    merged = list(kept)
+    for position, buf in zip(donated, donated_buffers):  # ascending positions
+        merged.insert(position, buf)
+    return merged
 
 
 def _is_device_tensor(value) -> bool:
