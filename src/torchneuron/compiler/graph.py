@@ -30,12 +30,11 @@ from ..lowerings.registry import index_exception
 from ..runtime import opcall, platform, rng, signature, storage, strided, transfer
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
-from . import disk_cache, layouts, support
+from . import disk_cache, support
 from .stats import bump
 
 aten = torch.ops.aten
 _NOT_RANDOM = Lowering(fn=None)
-USE_DOT_LAYOUTS = True  # compiler/layouts.py (a switch for A/B measurements)
 _HOST_ARRAY = "host array"  # signature key tag of a CPU tensor input (not 0-dim)
 
 
@@ -239,8 +238,6 @@ class GraphInterpreter:
         whose example values decide type promotion and layout flags."""
         values = plan.bind(tuple(args), kwargs)
         examples = _examples(plan, *arg_nodes)
-        if USE_DOT_LAYOUTS and node.target in layouts.DOT_LHS:
-            values = layouts.prepare_dot_operands(node.target, plan, values, examples)
         compute = None
         if lowering.promote is not None:
             compute = promotion_dtype(lowering.promote, promotion_operands(plan, examples))
