@@ -8,9 +8,16 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PYTEST_ARGS ?= -q -p no:cacheprovider -m "not slow"
+PYTEST_ARGS ?= -q -p no:cacheprovider
+# pytest-xdist worker processes for the test targets (2 cores in CI); TEST_WORKERS=0 runs the
+# tests in the pytest process itself.
+TEST_WORKERS ?= 2
+# loadfile: each test file runs in one worker, so a module-scoped fixture (a 2-rank launch in
+# tests/distributed, one child process) runs once and compiled ops are reused within a file.
+# (loadgroup would be finer, but xdist 3.8 does not group tests under pytest 9.)
+PYTEST := $(BIN)/python -m pytest $(PYTEST_ARGS) -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: all demo test lint bench bench-write bench-compile clean distclean
+.PHONY: all demo test test-slow test-all zoo lint bench bench-write bench-compile clean distclean
 
 all: test
 
@@ -25,13 +32,31 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-# pytest's exit status passes through unchanged (5 = no tests collected fails the target too).
+# The test targets (docs/DEVELOPMENT.md): `make test` is lint and every test not marked
+# `slow`; `make test-slow` runs the slow ones, `make test-all` both. pytest's exit status passes
+# through unchanged (5 = no tests collected fails the target too).
+define run_pytest
+	@status=0; $(PYTEST) $(1) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make $@: FAILED: pytest collected no tests (exit 5)" >&2; \
+	elif [ $$status -ne 0 ]; then echo "make $@: FAILED: pytest exited with status $$status" >&2; fi; \
+	exit $$status
+endef
+
 test: $(STAMP)
 	$(BIN)/ruff check src tests
-	@status=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
-	if [ $$status -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; \
-	elif [ $$status -ne 0 ]; then echo "make test: FAILED: pytest exited with status $$status" >&2; fi; \
-	exit $$status
+	$(call run_pytest,-m "not slow and not zoo")
+
+test-slow: $(STAMP)
+	$(call run_pytest,-m "slow and not zoo")
+
+test-all: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(call run_pytest,-m "not zoo")
+
+# The whole model zoo (tests/models/zoo.py): every tiny model trained on CPU and on neuron.
+# Long (per-model times in docs/MODEL_ZOO.md); `make test` runs only the entries marked fast.
+zoo: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m 'zoo or not zoo' tests/models
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
@@ -46,7 +71,7 @@ bench-compile: $(STAMP)
 	$(BIN)/python benchmarks/compile_bench.py
 
 # Issue 13: every model of tests/compiler/test_compile_models.py trains compiled as on CPU
-# (about 30 s a model on 2 idle cores; `make test` runs two of them).
+# (about 30 s a model on 2 idle cores; `make test` runs two of them, the rest are `slow`).
 .PHONY: test-compile-models
 test-compile-models: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/compiler/test_compile_models.py

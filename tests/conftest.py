@@ -1,9 +1,11 @@
 """Shared test setup: the examples are importable, and the session ends with a list of the ops
-that fell back to CPU (so a green run still shows what is not lowered yet)."""
+that fell back to CPU (so a green run still shows what is not lowered yet), gathered from every
+worker process when the suite runs under pytest-xdist."""
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -33,10 +35,35 @@ def neuron() -> torch.device:
     return torch.device("neuron")
 
 
+class _WorkerFallbacks:
+    """Under pytest-xdist (`make test` runs two workers) the tests run in worker processes:
+    each hands its fallback counts to the controller, which prints the summary."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        self.calls.update(getattr(node, "workeroutput", {}).get("torchneuron_fallbacks", {}))
+
+
+_worker_fallbacks = _WorkerFallbacks()
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(_worker_fallbacks, "torchneuron-worker-fallbacks")
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in xdist workers only
+    if workeroutput is not None:
+        workeroutput["torchneuron_fallbacks"] = dict(torchneuron.fallback_ops())
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    fallbacks = torchneuron.fallback_ops()
+    fallbacks = Counter(torchneuron.fallback_ops()) + _worker_fallbacks.calls
     if not fallbacks:
         return
     terminalreporter.section("torchneuron: ops that ran on CPU (no lowering)")
-    for name, calls in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
+    for name, calls in fallbacks.most_common():
         terminalreporter.write_line(f"{name}: {calls} call(s)")

@@ -11,7 +11,10 @@ import torch
 STEPS = 5
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "char_gpt"])
+# mlp runs in `make test`; cnn and char_gpt (a minute each) in `make test-slow`. char_gpt
+# also trains on the device in tests/distributed/test_training.py.
+@pytest.mark.parametrize("name", ["mlp", pytest.param("cnn", marks=pytest.mark.slow),
+                                  pytest.param("char_gpt", marks=pytest.mark.slow)])
 def test_example_trains_on_neuron(name: str) -> None:
     example = importlib.import_module(name)
     neuron = example.train("neuron", STEPS, seed=1)

@@ -193,7 +193,14 @@ def train(recipe: Recipe, device: str, seed: int = 0):
     return losses, state
 
 
-@pytest.mark.parametrize("name", list(RECIPES))
+# The two MLP recipes run in `make test`; the CNN, transformer and LSTM (20-45 s each) in
+# `make test-slow` (a transformer also trains on the device in `make test`: tests/compiler and
+# tests/distributed).
+SLOW_RECIPES = {"cnn-adam-foreach", "transformer-adamw-for-loop-clip", "lstm-adamw-foreach-clip"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RECIPES
+                                  else n for n in RECIPES])
 def test_training_parity(name: str) -> None:
     recipe = RECIPES[name]
     cpu_losses, cpu_state = train(recipe, "cpu")

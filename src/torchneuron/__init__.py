@@ -27,6 +27,8 @@ _device.register()
 
 from . import distributed as _distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
 from .runtime.api import fallback_ops, op_counts, reset_op_counts  # noqa: E402
+from .runtime.fusion import reset_stats as reset_fusion_stats  # noqa: E402
+from .runtime.fusion import stats as fusion_stats  # noqa: E402
 from .runtime.platform import platform_name  # noqa: E402
 
 
@@ -36,6 +38,10 @@ def __getattr__(name: str):
         from . import compiler
 
         return getattr(compiler, name)
+    if name == "library":  # custom ops from JAX/Pallas functions (imports on first use)
+        import importlib
+
+        return importlib.import_module(f"{__name__}.library")
     raise AttributeError(f"module 'torchneuron' has no attribute {name!r}")
 
 
@@ -44,9 +50,12 @@ _initialised = True
 __all__ = [
     "compile_stats",
     "fallback_ops",
+    "fusion_stats",
+    "library",
     "op_counts",
     "platform_name",
     "reset_compile_stats",
+    "reset_fusion_stats",
     "reset_op_counts",
     "__version__",
 ]

@@ -22,7 +22,7 @@ _FALSE = ("0", "false", "no", "off")
 class Setting:
     name: str
     default: str
-    kind: str  # "bool", "str" or "path"
+    kind: str  # "bool", "int", "str" or "path"
     summary: str
 
 
@@ -35,16 +35,22 @@ SETTINGS: dict[str, Setting] = {
                 "raise instead of running an op (or a compiled graph) on CPU / eagerly"),
         Setting("TORCHNEURON_ASYNC_DISPATCH", "0", "bool",
                 "JAX's asynchronous dispatch on the CPU client"),
-        Setting("TORCHNEURON_GENERATOR_EXTENSION", "1", "bool",
-                "build and load the small C++ library (generators, allocator, guard)"),
+        Setting("TORCHNEURON_NATIVE_LIBRARY", "1", "bool",
+                "build and load the small C++ library (fast path, generators, allocator)"),
         Setting("TORCHNEURON_REBUILD_EXTENSION", "0", "bool",
                 "rebuild the C++ library even if cached or an earlier build failed"),
         Setting("TORCHNEURON_CACHE_DIR", "", "path",
                 "root of the on-disk caches (default $XDG_CACHE_HOME/torchneuron or ~/.cache/torchneuron)"),
         Setting("TORCHNEURON_COMPILE_CACHE", "1", "bool",
                 "keep compiled executables on disk across processes"),
-        Setting("TORCHNEURON_SWAP_MODULE_PARAMS", "0", "bool",
-                "turn on torch's swap-on-conversion when the device registers"),
+        Setting("TORCHNEURON_FUSION", "1", "bool",
+                "record eager ops and run each run of them as one XLA program"),
+        Setting("TORCHNEURON_FUSION_CAP", "512", "int",
+                "recorded ops after which the trace runs even if nothing reads it"),
+        Setting("TORCHNEURON_FUSION_PROGRAMS", "256", "int",
+                "fused programs kept in memory (least recently used dropped first)"),
+        Setting("TORCHNEURON_LAUNCH_BLOCKING", "0", "bool",
+                "run every eager op at the call, raising its errors there (debugging)"),
         Setting("TORCHNEURON_DIST_CHECK", "1", "bool",
                 "check that collectives agree on shapes and dtypes across ranks"),
     )

@@ -199,6 +199,22 @@ def test_input_mutations_inside_the_graph():
         torch.testing.assert_close(b.cpu(), a)
 
 
+def test_assignment_into_a_view_compiles_into_the_graph():
+    # `x[:, 1] = y` functionalizes to aten.copy (src in the view's shape) plus a scatter.
+    def f(x, y, z):
+        x = x.clone()
+        x[:, 1] = y
+        x[2].copy_(z)  # a float64 source: copy casts to the view's dtype
+        return x * 2
+
+    x, y, z = torch.randn(3, 4), torch.randn(3), torch.randn(4, dtype=torch.float64)
+    with torch.no_grad():
+        out = torch.compile(f, backend="neuron", fullgraph=True)(x.to(DEV), y.to(DEV), z.to(DEV))
+    torch.testing.assert_close(out.cpu(), f(x, y, z))
+    stats = torchneuron.compile_stats()
+    assert stats["eager_fallbacks"] == 0 and stats["xla_compilations"] == 1
+
+
 def test_seeded_dropout_is_reproducible_and_draws_fresh_masks():
     model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.5), nn.Linear(64, 4)).to(DEV)
     compiled = torch.compile(model, backend="neuron")
@@ -304,6 +320,7 @@ def test_data_dependent_ops_give_eager_equal_results():
     torch.testing.assert_close(torch.as_tensor(got).cpu(), torch.as_tensor(expected))
 
 
+@pytest.mark.slow  # three interpreters; `make test` keeps test_second_process_reuses_disk_cache
 def test_concurrent_writers_share_the_disk_cache(tmp_path):
     script = textwrap.dedent(
         """

@@ -7,6 +7,7 @@ crashes the interpreter, that is reported as this test's failure instead of endi
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -147,65 +148,80 @@ def test_printing_keeps_grad_fn_and_requires_grad():
 
 
 _LOAD_TO_DEVICE = """
-    import io, sys
+    import io, json, sys
     import torch
     sys.path.insert(0, {here!r})
     from test_serialization import DTYPES, raw, sample
 
-    map_location = {map_location}
-    failures = []
-    for dtype in DTYPES:
-        base = sample(dtype)
-        n = base.to("neuron")
-        buf = io.BytesIO()
-        torch.save({{"full": n, "view": n[2:9], "strided": n[::3]}}, buf)
-        buf.seek(0)
-        out = torch.load(buf, map_location=map_location) if map_location != "default" \\
-            else torch.load(buf)
-        for key, ref in (("full", base), ("view", base[2:9]), ("strided", base[::3])):
-            t = out[key]
-            if t.device != torch.device("neuron", 0):
-                failures.append(f"{{dtype}} {{key}}: on {{t.device}}")
-            elif t.dtype != dtype or t.shape != ref.shape or t.stride() != ref.stride():
-                failures.append(f"{{dtype}} {{key}}: {{t.dtype}} {{tuple(t.shape)}} {{t.stride()}}")
-            elif raw(t) != raw(ref):
-                failures.append(f"{{dtype}} {{key}}: bytes differ")
-        if len({{out[k].untyped_storage().data_ptr() for k in out}}) != 1:
-            failures.append(f"{{dtype}}: views not restored sharing one storage")
-        out["full"][2] = out["full"][5]
-        if raw(out["view"][0]) != raw(out["full"][5]):
-            failures.append(f"{{dtype}}: write through the restored base not seen by the view")
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("neuron")
-    buf = io.BytesIO()
-    torch.save(model.state_dict(), buf)
-    buf.seek(0)
-    sd = torch.load(buf, map_location=map_location) if map_location != "default" \\
-        else torch.load(buf)
-    clone = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("neuron")
-    clone.load_state_dict(sd)
-    for (k, a), b in zip(model.state_dict().items(), clone.state_dict().values()):
-        if b.device.type != "neuron" or raw(a) != raw(b):
-            failures.append(f"state_dict {{k}} differs")
-    x = torch.randn(5, 4, device="neuron")
-    model.eval(), clone.eval()
-    if raw(model(x)) != raw(clone(x)):
-        failures.append("reloaded model computes different outputs")
-    print("FAILURES", failures)
-    sys.exit(1 if failures else 0)
+    def load(buf, map_location):
+        return torch.load(buf) if map_location == "default" else \\
+            torch.load(buf, map_location=eval(map_location))
+
+
+    def check(map_location):
+        failures = []
+        for dtype in DTYPES:
+            base = sample(dtype)
+            n = base.to("neuron")
+            buf = io.BytesIO()
+            torch.save({{"full": n, "view": n[2:9], "strided": n[::3]}}, buf)
+            buf.seek(0)
+            out = load(buf, map_location)
+            for key, ref in (("full", base), ("view", base[2:9]), ("strided", base[::3])):
+                t = out[key]
+                if t.device != torch.device("neuron", 0):
+                    failures.append(f"{{dtype}} {{key}}: on {{t.device}}")
+                elif t.dtype != dtype or t.shape != ref.shape or t.stride() != ref.stride():
+                    failures.append(f"{{dtype}} {{key}}: {{t.dtype}} {{tuple(t.shape)}} {{t.stride()}}")
+                elif raw(t) != raw(ref):
+                    failures.append(f"{{dtype}} {{key}}: bytes differ")
+            if len({{out[k].untyped_storage().data_ptr() for k in out}}) != 1:
+                failures.append(f"{{dtype}}: views not restored sharing one storage")
+            out["full"][2] = out["full"][5]
+            if raw(out["view"][0]) != raw(out["full"][5]):
+                failures.append(f"{{dtype}}: write through the restored base not seen by the view")
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("neuron")
+        buf = io.BytesIO()
+        torch.save(model.state_dict(), buf)
+        buf.seek(0)
+        sd = load(buf, map_location)
+        clone = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("neuron")
+        clone.load_state_dict(sd)
+        for (k, a), b in zip(model.state_dict().items(), clone.state_dict().values()):
+            if b.device.type != "neuron" or raw(a) != raw(b):
+                failures.append(f"state_dict {{k}} differs")
+        x = torch.randn(5, 4, device="neuron")
+        model.eval(), clone.eval()
+        if raw(model(x)) != raw(clone(x)):
+            failures.append("reloaded model computes different outputs")
+        return failures
+
+
+    # the default map_location first, while nothing else has been loaded in this process
+    print("FAILURES", json.dumps({{m: check(m) for m in {map_locations!r}}}))
 """
 
+MAP_LOCATIONS = ["default", "'neuron'", "torch.device('neuron')", "'neuron:0'"]
 
-@pytest.mark.parametrize("map_location", ["default", "'neuron'", "torch.device('neuron')", "'neuron:0'"])
-def test_load_onto_the_device_round_trips(map_location):
+
+@pytest.fixture(scope="module")
+def loaded_in_child() -> dict[str, list[str]]:
+    """Every map_location's failures, from one child process (one interpreter start, not four)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    code = textwrap.dedent(_LOAD_TO_DEVICE).format(here=here, map_location=repr(map_location)
-                                                    if map_location == "default" else map_location)
+    code = textwrap.dedent(_LOAD_TO_DEVICE).format(here=here, map_locations=MAP_LOCATIONS)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if proc.returncode < 0:
         pytest.fail(
-            f"torch.load(map_location={map_location}) killed the interpreter with signal "
+            f"torch.load onto the device killed the interpreter with signal "
             f"{-proc.returncode}; stderr tail:\n{proc.stderr[-2500:]}"
         )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("FAILURES", 1)[1])
+
+
+@pytest.mark.parametrize("map_location", MAP_LOCATIONS)
+def test_load_onto_the_device_round_trips(loaded_in_child, map_location):
+    assert loaded_in_child[map_location] == []

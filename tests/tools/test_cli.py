@@ -75,7 +75,9 @@ def test_ops_without_a_recorded_run(tmp_path, capsys) -> None:
 
 
 def test_doctor(capsys) -> None:
-    assert cli.main(["doctor"]) == 0
+    # The self-test's default 10 s budget skips (and so fails) checks on a loaded machine: at
+    # load average 15 the first elementwise check alone took 12 s. The checks are what is tested.
+    assert cli.main(["doctor", "--budget", "120"]) == 0
     out = capsys.readouterr().out
     for text in ("torch: 2.13.0", "jax: ", "PJRT platform: ", "neuron:0 -> ", "compile backend",
                  "entry point registered", "all checks passed"):
@@ -169,6 +171,7 @@ def test_verify_example_agrees_and_writes_report(tmp_path) -> None:
     assert "Ops that fell back to CPU" in md
 
 
+@pytest.mark.slow  # two more interpreter runs; `make test` keeps the agreeing verify above
 def test_verify_disagreement_exits_1(tmp_path) -> None:
     result = _cli("verify", "--out", str(tmp_path / "r"), "--call", "losses(device, 3)",
                   str(DISAGREE_SCRIPT))
@@ -188,6 +191,7 @@ def test_tolerance_decides_agreement() -> None:
     assert not verify.compare([float("nan")], [float("nan")], rtol=1, atol=1)["agree"]
 
 
+@pytest.mark.slow
 def test_verify_without_losses_exits_3(tmp_path) -> None:
     result = _cli("verify", "--quiet", "--loss-regex", "no such line", "--out", str(tmp_path / "r"),
                   str(DISAGREE_SCRIPT))

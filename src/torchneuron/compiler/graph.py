@@ -24,10 +24,10 @@ from jax.experimental import serialize_executable
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import __version__, config
-from ..lowerings import LOWERINGS, Lowering
+from ..lowerings import LOWERINGS, Lowering, overrides
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from ..lowerings.registry import index_exception
-from ..runtime import opcall, platform, rng, signature, storage, strided, transfer
+from ..runtime import fusion, opcall, platform, rng, signature, storage, strided, transfer
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
 from . import disk_cache, support
@@ -287,17 +287,25 @@ class CompiledGraph:
 
     def __call__(self, *args) -> list:
         key, inputs = self._signature(args)
-        entry = self.executables.get(key)
+        if fusion.any_pending(inputs):  # recorded eager ops produce some inputs: run them
+            fusion.flush()
+            key, inputs = self._signature(args)
+        # An executable traced under lowering overrides (torchneuron.library.override) serves
+        # only calls under the same overrides.
+        cache_key = (key, overrides.token())
+        entry = self.executables.get(cache_key)
         if entry is None:
-            entry = self._build(key, inputs, args)
+            entry = self._build(key, inputs, args, cache_key)
         else:
-            self.executables.move_to_end(key)
+            self.executables.move_to_end(cache_key)
             STATS.memory_cache_hits += 1  # the hot path: no lock for a statistic
         executable, out_layouts, messages = entry
         draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes] \
             if self.interpreter.rng_nodes else []
         donated = key[-1][1]
         if donated:
+            # Eager ops recorded for fusion may still read a buffer this call overwrites.
+            fusion.flush()
             outputs, checks, writes = executable(*_split(inputs, donated), draws)
         else:
             outputs, checks, writes = executable([], inputs, draws)
@@ -397,7 +405,7 @@ class CompiledGraph:
         return values, raw
 
     # -- building --------------------------------------------------------------------------
-    def _build(self, key: tuple, inputs: list, args: list):
+    def _build(self, key: tuple, inputs: list, args: list, cache_key: tuple):
         start = time.perf_counter()
         aliased, donated = key[-1]
         out_nodes = self._output_metas()
@@ -457,7 +465,7 @@ class CompiledGraph:
             bump("xla_compilations")
             self._store_on_disk(disk_key, executable)
         entry = (executable, list(layouts), list(messages))
-        self.executables[key] = entry
+        self.executables[cache_key] = entry
         while len(self.executables) > self.max_shapes:
             self.executables.popitem(last=False)
         bump("compile_seconds", time.perf_counter() - start)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,11 +39,23 @@ def _pool_params(x, nspatial, kernel_size, stride, padding, dilation):
     return kernel, stride, padding, dilation
 
 
-def _window_slices(xp, spatial_in, outs, kernel, stride, dilation):
-    """For each kernel offset: (offset tuple, the strided slice of the padded input)."""
+def _useful_offsets(size, out, k, s, p, d):
+    """Kernel offsets along one axis at which some output window reads a real input element.
+    The others read only padding, which adds nothing to a sum and never wins a max; skipping
+    them keeps a window larger than its input (EfficientNet's AvgPool2d(1280, ceil_mode=True)
+    on a 1x1 map) from unrolling k*k slices of a k*k-padded input."""
+    pos = (np.arange(out) * s - p)[:, None] + np.arange(k)[None, :] * d
+    useful = np.flatnonzero(((pos >= 0) & (pos < size)).any(axis=0))
+    return [int(o) for o in useful] or [0]
+
+
+def _window_slices(xp, spatial_in, outs, kernel, stride, dilation, padding):
+    """For each useful kernel offset: (offset tuple, the strided slice of the padded input)."""
     n = len(kernel)
     lead = xp.ndim - n
-    for offset in np.ndindex(*kernel):
+    useful = [_useful_offsets(*args)
+              for args in zip(spatial_in, outs, kernel, stride, padding, dilation, strict=True)]
+    for offset in itertools.product(*useful):
         starts = [0] * lead + [o * d for o, d in zip(offset, dilation, strict=True)]
         limits = list(xp.shape[:lead]) + [
             o * d + (out - 1) * s + 1 for o, d, out, s in zip(offset, dilation, outs, stride, strict=True)
@@ -54,7 +68,8 @@ def _pad_for_windows(x, fill, spatial_in, outs, kernel, stride, padding, dilatio
     n = len(kernel)
     pads = [(0, 0)] * (x.ndim - n)
     for size, out, k, s, p, d in zip(spatial_in, outs, kernel, stride, padding, dilation, strict=True):
-        needed = (out - 1) * s + d * (k - 1) + 1
+        last = _useful_offsets(size, out, k, s, p, d)[-1]
+        needed = (out - 1) * s + d * last + 1
         pads.append((p, max(needed - size - p, 0)))
     return jnp.pad(x, pads, constant_values=fill)
 
@@ -72,7 +87,7 @@ def _max_pool(self, nspatial, kernel_size, stride, padding, dilation, ceil_mode)
     best = jnp.full(self.shape[:-nspatial] + tuple(outs), lowest, self.dtype)
     best_idx = jnp.full(best.shape, -1, jnp.int64)
     is_float = jnp.issubdtype(self.dtype, jnp.floating)
-    for offset, window in _window_slices(xp, spatial_in, outs, kernel, stride, dilation):
+    for offset, window in _window_slices(xp, spatial_in, outs, kernel, stride, dilation, padding):
         # Flat index within the plane and validity of this kernel position, per output.
         flat = np.zeros(outs, np.int64)
         valid = np.ones(outs, bool)
@@ -140,7 +155,7 @@ def _avg_pool(self, nspatial, kernel_size, stride, padding, ceil_mode, count_inc
             for size, k, s, p in zip(spatial_in, kernel, stride, padding, strict=True)]
     xp = _pad_for_windows(x, 0, spatial_in, outs, kernel, stride, padding, dilation)
     total = None
-    for _, window in _window_slices(xp, spatial_in, outs, kernel, stride, dilation):
+    for _, window in _window_slices(xp, spatial_in, outs, kernel, stride, dilation, padding):
         total = window if total is None else total + window
     # The divisor of each output window, from PyTorch's rules (static shapes: NumPy).
     divisor = np.ones(outs, np.float64)

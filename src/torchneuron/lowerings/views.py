@@ -44,6 +44,14 @@ def alias(x):
     return x
 
 
+@lowers(aten.copy.default, graph_only=True)
+def copy(self, src, non_blocking=False):
+    # A functionalized write into a view (`x[:, 1] = y`, a custom op mutating a view): `src`
+    # in `self`'s shape and dtype. Compiled graphs only: eager `copy` runs PyTorch's composite
+    # kernel, cross-device copies included.
+    return jnp.broadcast_to(jnp.asarray(src).astype(self.dtype), self.shape)
+
+
 @lowers(aten.permute.default, aten.permute_copy.default)
 def permute(x, dims):
     return jnp.transpose(x, [d % x.ndim for d in dims]) if x.ndim else x

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+
+from . import _native
 from .plan import COUNTS, Route
 
 
@@ -11,11 +14,19 @@ def fallback_ops() -> dict[str, int]:
 
 
 def op_counts() -> dict[str, dict[str, int]]:
-    """Per route ('native', 'decomposed', 'fallback'): op name -> number of calls."""
-    return {route.label: dict(COUNTS[route])
-            for route in (Route.NATIVE, Route.DECOMPOSED, Route.FALLBACK)}
+    """Per route ('native', 'decomposed', 'fallback'): op name -> number of calls (native
+    calls served by the C++ fast path included)."""
+    counts = {route.label: dict(COUNTS[route])
+              for route in (Route.NATIVE, Route.DECOMPOSED, Route.FALLBACK)}
+    native = _native.fastpath()
+    if native is not None:
+        counts["native"] = dict(collections.Counter(counts["native"]) + collections.Counter(native.fast_counts()))
+    return counts
 
 
 def reset_op_counts() -> None:
     for counter in COUNTS.values():
         counter.clear()
+    native = _native.fastpath()
+    if native is not None:
+        native.reset_fast_counts()

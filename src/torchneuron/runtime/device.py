@@ -10,9 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import config
-from . import autocast, dispatch, platform, rng, serialization, storage
-from .storage import STATS
+from . import autocast, dispatch, module_conversion, platform, rng, serialization, storage
 
 DEVICE_NAME = "neuron"
 _lock = threading.Lock()
@@ -171,35 +169,34 @@ class NeuronModule:
     # -- memory ----------------------------------------------------------------------
     @staticmethod
     def memory_allocated(device: Any = None) -> int:
-        return STATS.allocated
+        return storage.memory_stats()[0]
 
     @staticmethod
     def max_memory_allocated(device: Any = None) -> int:
-        return STATS.peak
+        return storage.memory_stats()[1]
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:
-        with STATS.lock:
-            STATS.peak = STATS.allocated
+        storage.reset_peak_memory()
 
     @staticmethod
     def memory_reserved(device: Any = None) -> int:
-        return STATS.allocated
+        return storage.memory_stats()[0]
 
     @staticmethod
     def max_memory_reserved(device: Any = None) -> int:
-        return STATS.peak
+        return storage.memory_stats()[1]
 
     @staticmethod
     def memory_stats(device: Any = None) -> dict[str, int]:
-        with STATS.lock:
-            return {
-                "allocated_bytes.all.current": STATS.allocated,
-                "allocated_bytes.all.peak": STATS.peak,
-                "allocation.all.allocated": STATS.num_alloc,
-                "allocation.all.freed": STATS.num_free,
-                "allocation.all.current": STATS.num_alloc - STATS.num_free,
-            }
+        allocated, peak, num_alloc, num_free = storage.memory_stats()
+        return {
+            "allocated_bytes.all.current": allocated,
+            "allocated_bytes.all.peak": peak,
+            "allocation.all.allocated": num_alloc,
+            "allocation.all.freed": num_free,
+            "allocation.all.current": num_alloc - num_free,
+        }
 
     @staticmethod
     def empty_cache() -> None:
@@ -242,20 +239,6 @@ def get_device_properties(device: Any = None):
     return _DeviceProperties(f"neuron ({platform.platform_name()}: {kind})", jdev.platform, total, str(jdev))
 
 
-def _keep_shared_parameters_shared() -> None:
-    """Opt-in (TORCHNEURON_SWAP_MODULE_PARAMS=1): `module.to("neuron")` keeps tied weights tied.
-
-    PyTorch's `Module._apply` only assigns `param.data` in place when CPU and the target device
-    share a "shallow-copy compatible" tensor type, a fixed list of built-in devices; for any
-    other device it builds a new Parameter per module, which unties shared parameters. Swapping
-    tensors in place (PyTorch's announced future default) keeps them, but it is a process-wide
-    switch that also changes `load_state_dict`, which then fails for modules that hold weak
-    references to their parameters (nn.LSTM/GRU), on every device. So it stays opt-in.
-    """
-    if config.flag("TORCHNEURON_SWAP_MODULE_PARAMS"):
-        torch.__future__.set_swap_module_params_on_conversion(True)
-
-
 def register() -> None:
     """Register the device with PyTorch; safe to call any number of times."""
     global _registered
@@ -276,6 +259,6 @@ def register() -> None:
         )
         dispatch.install()
         autocast.install()
-        _keep_shared_parameters_shared()
+        module_conversion.install()  # Module.to keeps shared parameters shared
         serialization.install()
         _registered = True

@@ -21,7 +21,7 @@ import torch
 
 from ..lowerings import LOWERINGS
 from ..lowerings.registry import DECOMPOSITIONS
-from . import handlers, profiler  # noqa: F401  (importing handlers registers them)
+from . import _native, fastpath, fusion, handlers, profiler, storage  # noqa: F401  (handlers register on import)
 from .cpu_fallback import check_write_overlap, run_on_cpu
 from .eager import decomposing, run_decomposition, run_lowered, run_out_variant
 from .plan import _PLANS, COUNTS, HANDLERS, NEURON, OpPlan, Route, inplace_overload, plan_for
@@ -113,23 +113,41 @@ _RUNNERS: dict[Route, Callable[[OpPlan, tuple, dict], Any]] = {
 # ----------------------------------------------------------------------------------------
 # Installation
 
-_libraries: list[torch.library.Library] = []
-
-
 def install() -> None:
     """Register `dispatch_op` as the PrivateUse1 fallback, plus direct kernels where PyTorch's
-    composite kernels would get in the way."""
-    if _libraries:
+    composite kernels would get in the way. With the C++ library, the registered kernel is
+    its fast path (runtime/fastpath.py), which calls `dispatch_op` for what it cannot run."""
+    if _installed:
+        return
+    _installed.append(True)
+    direct = sorted(_kernel_name(op) for op in _direct_ops())
+    native = _native.fastpath()
+    if native is not None:
+        native.init(dispatch_op, fastpath.describe, fastpath.take_last, storage._LATEST,
+                    fusion.flush)
+        native.install(direct)
+        fusion.configure()
         return
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(dispatch_op, "PrivateUse1")
     direct_library = torch.library.Library("aten", "IMPL")
-    _libraries.extend((fallback, direct_library))
-    for op in _direct_ops():
-        name = op._schema.name.split("::")[1]
-        if op._overloadname != "default":
-            name += "." + op._overloadname
+    _installed.extend((fallback, direct_library))
+    for name in direct:
+        op = _op_of(name)
         direct_library.impl(name, _direct_kernel(op), "PrivateUse1")
+
+
+_installed: list = []
+
+
+def _kernel_name(op: OpOverload) -> str:
+    name = op._schema.name.split("::")[1]
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
+def _op_of(name: str) -> OpOverload:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
 def _direct_ops() -> set[OpOverload]:

@@ -10,7 +10,7 @@ import torch._decomp
 
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import index_exception
-from . import executable, rng, signature, storage, strided
+from . import executable, fusion, rng, signature, storage, strided
 from .cpu_fallback import raise_as_on_cpu, run_on_cpu
 from .meta import flatten_results, meta_outputs
 from .plan import COUNTS, GENERATOR, NEURON, OpPlan, Route, plan_for
@@ -23,13 +23,19 @@ decomposing: set[OpOverload] = set()
 
 
 def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
-    """Run `lowering` for this call: one cached executable per argument signature."""
+    """Run `lowering` for this call: one cached executable per argument signature, recorded
+    into the fusion trace (runtime/fusion.py) when it can be, else run now."""
+    recording = fusion.recording() and lowering.jit
+    if recording:
+        fusion.make_room()
     values = plan.bind(args, kwargs)
     key, inputs = signature.arguments_key(plan, values)
-    ex = plan.cache.get(key)
+    # The default dtype changes what some ops compute (integer division, factories).
+    cache_key = (key, torch.get_default_dtype())
+    ex = plan.cache.get(cache_key)
     if ex is None:
         try:
-            ex = executable.build(plan, lowering, key, values, args, kwargs)
+            ex = executable.build(plan, lowering, key, values, args, kwargs, len(inputs))
         except executable.ResizeOutputs as resize:
             for i, layout in zip(plan.out_args, resize.layouts):
                 if layout is not None:
@@ -40,24 +46,46 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
             return run_lowered(plan, lowering, args, kwargs)
         except Exception as err:
             raise_as_on_cpu(plan.op, args, kwargs, err)
-        plan.cache[key] = ex
-    write_inputs = executable.write_inputs(ex, values) if ex.writes else ()
-    draw = rng.split_draw(rng.next_draw(_generator_arg(plan, values))) if lowering.rng else None
-    try:
-        outputs, new_buffers, check = ex.fn(inputs, write_inputs, draw)
-    except Exception as err:  # raised while tracing the lowering (or by a jit=False one)
-        plan.cache.pop(key, None)
-        raise_as_on_cpu(plan.op, args, kwargs, err)
-    if check is not None and bool(check):
-        raise index_exception(ex.index_error)
+        plan.cache[cache_key] = ex
+    if ex.writes:
+        inputs += executable.write_inputs(ex, values)
+    if lowering.rng:
+        inputs += rng.split_draw(rng.next_draw(_generator_arg(plan, values)))
+    if recording and ex.none_results is not None:
+        site = None
+        if ex.index_error is not None:
+            site = (ex.index_error, plan.op, fusion.user_site())
+        results = fusion.record(ex.fn, tuple(inputs), len(ex.none_results), site)
+        results = [None if none else r for r, none in zip(results, ex.none_results)]
+        if ex.index_error is not None:
+            results.pop()  # checked when the trace runs
+    else:
+        if fusion.any_pending(inputs):
+            fusion.flush()  # this call cannot be recorded: its inputs must exist now
+            return run_lowered(plan, lowering, args, kwargs)
+        try:
+            results = ex.fn(*inputs)
+        except Exception as err:  # raised while tracing the lowering (or by a jit=False one)
+            plan.cache.pop(cache_key, None)
+            raise_as_on_cpu(plan.op, args, kwargs, err)
+        if ex.index_error is not None:
+            *results, bad = results
+            if bool(bad):
+                raise index_exception(ex.index_error)
+    executable._LAST[0] = (plan, ex)
+    num_fresh = len(results) - len(ex.writes)
+    outputs, new_buffers = results[:num_fresh], results[num_fresh:]
     for (slot, (dtype, _spec)), buf in zip(ex.writes, new_buffers):
         if buf is not None:
             storage.set_storage_buffer(executable.written_tensor(values, slot).untyped_storage(),
                                        buf, dtype)
     fresh_meta = ex.fresh_meta
     if fresh_meta is None:
-        fresh_meta, outputs = executable.dynamic_layout(outputs, lowering)
-    return executable.assemble_returns(plan, fresh_meta, values, outputs)
+        fresh_meta, outputs = executable.dynamic_layout(list(outputs), lowering)
+    returned = executable.assemble_returns(plan, fresh_meta, values, outputs)
+    if recording and ex.index_error is not None:
+        fusion.flush()  # an op that checks its indices ends the trace: its error is raised here
+    return returned
 
 
 def _generator_arg(plan: OpPlan, values: list):

@@ -27,12 +27,18 @@ WriteSlot = tuple[int, int | None]
 
 
 class Executable:
-    """One compiled call of an op for one argument signature."""
+    """One compiled call of an op for one argument signature.
 
-    __slots__ = ("fn", "fresh_meta", "writes", "index_error")
+    `fn(*inputs, *write_inputs, *draw)` takes the signature's inputs (signature.arguments_key),
+    then (buffer, offset) of each written argument that it does not replace whole, then the
+    four words of the random draw for random ops; it returns one flat tuple: the fresh outputs,
+    the new buffers of the written arguments (None: left alone), and the index check's flag
+    when the lowering has one."""
 
-    def __init__(self, fn: Callable, fresh_meta: list | None, writes: list, index_error) -> None:
-        # fn(inputs, write_inputs, draw) -> (fresh outputs, new buffers of written args, check)
+    __slots__ = ("fn", "fresh_meta", "writes", "index_error", "num_inputs", "none_results")
+
+    def __init__(self, fn: Callable, fresh_meta: list | None, writes: list, index_error,
+                 num_inputs: int) -> None:
         self.fn = fn
         # [(dtype, shape, stride) or None for a non-tensor result] per fresh output; None when
         # the layout is learnt from each call's results (no meta kernel, or jit=False).
@@ -40,6 +46,10 @@ class Executable:
         # [(WriteSlot, (dtype, ViewSpec))] for the arguments whose storages the call rewrites
         self.writes = writes
         self.index_error = index_error
+        self.num_inputs = num_inputs
+        # Per result of `fn`: whether it is always None (an output the op's mask leaves out, a
+        # written argument left alone); None when unknown (then calls cannot be recorded).
+        self.none_results: tuple[bool, ...] | None = None
 
 
 class ResizeOutputs(Exception):
@@ -122,7 +132,7 @@ def _fresh_layout(m) -> tuple | None:
 
 
 def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tuple,
-          kwargs: dict) -> Executable:
+          kwargs: dict, num_inputs: int) -> Executable:
     """The executable of `lowering` for this call's signature `key` (raises PyTorch's error
     for bad input, or ResizeOutputs when an out= tensor must be resized first)."""
     direct = plan.lowering is not None  # registered on this very overload
@@ -151,13 +161,19 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
             write_meta.append(None)
             continue
         t = written_tensor(values, slot)
-        numel = storage.storage_buffer(t.untyped_storage(), t.dtype).shape[0]
+        numel = t.untyped_storage().nbytes() // t.dtype.itemsize
         write_meta.append((t.dtype, strided.spec_of(t, numel)))
     contiguous = opcall.contiguity_flags(plan, lowering, values)
     jit = lowering.jit
     num_writes = len(slots)
+    partial_writes = [wm[1].mode != strided.FULL for wm in write_meta if wm is not None]
+    has_check = lowering.index_error is not None
 
-    def run(inputs, write_inputs, draw):
+    def run(*flat_inputs):
+        inputs = flat_inputs[:num_inputs]
+        rest = iter(flat_inputs[num_inputs:])
+        write_inputs = [(next(rest), next(rest)) if partial else (None, 0) for partial in partial_writes]
+        draw = tuple(rest) if lowering.rng else None
         vals = signature.read_arguments(plan, key, inputs, static_values)
         result, check = opcall.call_lowering(plan, lowering, vals, compute_dtype=compute_dtype,
                                              draw=draw, contiguous=contiguous)
@@ -194,26 +210,52 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
             if tuple(value.shape) != spec.shape:
                 value = _broadcast_into(value, spec.shape)
             new_buffers.append(strided.scatter(buf, offset, value, spec))
-        return outputs, new_buffers, check
+        return (*outputs, *new_buffers, check) if has_check else (*outputs, *new_buffers)
 
     compiled = jax.jit(run) if jit else run
     # Without a meta kernel the outputs' layout is learnt from each call's results.
     dynamic = (meta is None or not jit) and direct
     writes = [(slot, wm) for slot, wm in zip(slots, write_meta) if slot is not None]
-    return Executable(compiled, None if dynamic else fresh_meta, writes, lowering.index_error)
+    ex = Executable(compiled, None if dynamic else fresh_meta, writes, lowering.index_error,
+                    num_inputs)
+    if jit and not dynamic:
+        # Trace abstractly once (jax.jit keeps the trace for the first real call): which
+        # results are None, so that a call can be recorded before it runs (runtime/fusion.py).
+        avals = signature.abstract_inputs(plan, key, values)
+        for slot, (_dtype, spec) in writes:
+            if spec.mode != strided.FULL:
+                avals += [signature.buffer_aval(written_tensor(values, slot)),
+                          jax.ShapeDtypeStruct((), jnp.int64, weak_type=True)]
+        if lowering.rng:
+            avals += [jax.ShapeDtypeStruct((), jnp.uint32)] * 4
+        ex.none_results = tuple(r is None for r in jax.eval_shape(compiled, *avals))
+    return ex
 
 
 def write_inputs(ex: Executable, values: list) -> list:
-    """(buffer, offset) of each written argument: the whole buffer is an input only when the
-    write does not replace it entirely."""
+    """The flat (buffer, offset) inputs of the written arguments that the executable does not
+    replace whole."""
     inputs = []
     for slot, (dtype, spec) in ex.writes:
-        if spec.mode == strided.FULL:
-            inputs.append((None, 0))
-        else:
+        if spec.mode != strided.FULL:
             t = written_tensor(values, slot)
-            inputs.append((storage.storage_buffer(t.untyped_storage(), dtype), t.storage_offset()))
+            buf = storage.ready_buffer(t)  # a pending value of the trace is an input as it is
+            if buf is None:
+                buf = storage.storage_buffer(t.untyped_storage(), dtype)
+            inputs.append(buf)
+            inputs.append(t.storage_offset())
     return inputs
+
+
+# The last executable an eager call ran, with its plan: the C++ fast path (runtime/fastpath.py)
+# takes it after a call it sent to Python, to run later calls of the same signature itself.
+_LAST: list = [None]
+
+
+def take_last():
+    """(plan, executable) of the last eager call, once; None if taken or there is none."""
+    last, _LAST[0] = _LAST[0], None
+    return last
 
 
 def _broadcast_into(value, shape: tuple):

@@ -15,6 +15,7 @@ import torch._decomp
 
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import CPU_KERNEL_UNLESS, DECOMPOSITIONS
+from . import _native
 
 aten = torch.ops.aten
 OpOverload = torch._ops.OpOverload
@@ -248,3 +249,14 @@ def plan_for(op: OpOverload) -> OpPlan:
     if plan is None:
         plan = _PLANS[op] = OpPlan(op)
     return plan
+
+
+def forget_plans(op: OpOverload) -> None:
+    """Drop the plans (and cached executables) of `op` and of its in-place/out= variants,
+    after its lowering changed (torchneuron.library.override)."""
+    names = (op._schema.name, op._schema.name + "_")
+    for cached in [o for o in _PLANS if o._schema.name in names]:
+        del _PLANS[cached]
+    native = _native.fastpath()
+    if native is not None:  # the C++ kernel's op descriptions and learned executables too
+        native.forget()

@@ -1,16 +1,49 @@
 """Which PJRT platform backs the `neuron` device, and the JAX settings it needs.
 
 `TORCHNEURON_PLATFORM` picks the JAX platform (`cpu` by default; `cuda`, `tpu` or the name of
-any installed PJRT plugin). float64/int64 must stay exact, so `jax_enable_x64` is always on.
+any installed PJRT plugin). float64/int64 must stay exact, so `jax_enable_x64` is always on,
+and float16 results must not depend on the host's instruction set (see HOST_INDEPENDENT_ISA_FLAG).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import platform
+import warnings
 
-import jax
+# XLA's CPU code generator always lets LLVM fuse a multiply and an add into one FMA (one
+# rounding instead of two). On processors with AVX512-FP16 that happens in float16 too, while
+# elsewhere every float16 operation rounds: the same program gives different float16 results on
+# different x86-64 hosts. Capping the instruction set below AVX512-FP16 makes float16 arithmetic
+# round each operation everywhere (float32 and bfloat16 are unaffected: XLA computes bfloat16 in
+# float32). XLA reads XLA_FLAGS when its CPU client starts, which is after this import; a
+# `--xla_cpu_max_isa` the user set is kept.
+HOST_INDEPENDENT_ISA_FLAG = "--xla_cpu_max_isa=AVX512_BF16"
 
-from .. import config
+
+def with_host_independent_isa(xla_flags: str, machine: str) -> str:
+    """`xla_flags` plus the instruction-set cap on x86-64, unless it already sets one."""
+    if machine.lower() not in ("x86_64", "amd64") or "xla_cpu_max_isa" in xla_flags:
+        return xla_flags
+    return f"{xla_flags} {HOST_INDEPENDENT_ISA_FLAG}".strip()
+
+
+_user_xla_flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = with_host_independent_isa(_user_xla_flags, platform.machine())
+
+import jax  # noqa: E402
+from jax._src import xla_bridge as _xla_bridge  # noqa: E402
+
+if os.environ["XLA_FLAGS"] != _user_xla_flags and _xla_bridge.backends_are_initialized():
+    warnings.warn(
+        "torchneuron: JAX started its backends before torchneuron was imported, so XLA runs "
+        f"without {HOST_INDEPENDENT_ISA_FLAG} and float16 results may depend on this host's "
+        "instruction set; import torch before using JAX, or set that flag in XLA_FLAGS",
+        RuntimeWarning, stacklevel=2,
+    )
+
+from .. import config  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 # Eager ops on the CPU client are small: running them on the calling thread avoids a thread

@@ -8,7 +8,7 @@ uint64 each), for every kind of generator below, so states are interchangeable.
 
 Two implementations of the same state, one per process:
 
-- With the C++ library (`runtime/_generator`), the default generator of each device is the
+- With the C++ library (`runtime/_native`), the default generator of each device is the
   `torch.Generator` ATen knows as the device's default (`getDefaultGenerator`), and
   `torch.Generator(device="neuron")` makes more of the same kind. `torch.manual_seed` reaches
   the defaults through `torch.neuron.manual_seed_all`.
@@ -29,7 +29,8 @@ import jax
 import numpy as np
 import torch
 
-from . import _generator, platform
+from . import _native as native_library
+from . import platform
 
 _DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val, as for CPU and CUDA
 _MASK = 0xFFFF_FFFF_FFFF_FFFF
@@ -130,7 +131,7 @@ def install() -> bool:
     """Register the C++ hooks if the library can be had; called once, before the device's
     Python hooks would be registered. True when explicit device generators are available."""
     global _native
-    _native = _generator.register_hooks()
+    _native = native_library.register_hooks()
     _DEFAULTS.clear()
     return _native
 
@@ -141,7 +142,7 @@ def native() -> bool:
 
 
 def unavailable_reason() -> str | None:
-    return None if _native else (_generator.build_error() or "the C++ hooks are not registered")
+    return None if _native else (native_library.build_error() or "the C++ hooks are not registered")
 
 
 def generator(index: int = 0):
@@ -150,7 +151,7 @@ def generator(index: int = 0):
     if gen is None:
         if not 0 <= index < max(platform.device_count(), 1):
             raise RuntimeError(f"Invalid device ordinal neuron:{index}")
-        gen = _generator.default_generator(index) if _native else DeviceGenerator(index)
+        gen = native_library.default_generator(index) if _native else DeviceGenerator(index)
         gen = _DEFAULTS.setdefault(index, gen)
     return gen
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -52,25 +53,71 @@ def tensor_key(t: torch.Tensor, inputs: list) -> tuple:
 
 
 def _plain_key(t: torch.Tensor, inputs: list) -> tuple:
-    buf = storage.ready_buffer(t)  # the common case: one lookup, no device check needed
-    if buf is None:
+    payload = storage.ready_payload(t)  # the common case: one lookup, no device check needed
+    if payload is None:
         if t.device.type != NEURON:
             if t.dim() == 0 and t.device.type == "cpu":
                 inputs.append(t.item())
                 return (HOST, t.dtype)
             raise device_mismatch(t.device)
-        buf = storage.storage_buffer(t.untyped_storage(), t.dtype)
-    inputs.append(buf)
+        storage.storage_buffer(t.untyped_storage(), t.dtype)
+        payload = storage.ready_payload(t)
+    inputs.append(payload.buf)  # an array, or a pending value of the recorded trace
     shape = tuple(t.shape)
     stride = t.stride()
     if t.is_contiguous():
         offset = t.storage_offset()
-        if offset == 0 and t.numel() == buf.shape[0]:
+        if offset == 0 and t.numel() * t.dtype.itemsize == payload.nbytes:
             return (t.dtype, strided.ViewSpec(shape, stride, strided.FULL))
         inputs.append(offset)
         return (t.dtype, strided.ViewSpec(shape, stride, strided.SLICE))
     inputs.append(t.storage_offset())
     return (t.dtype, strided.ViewSpec(shape, stride, strided.STRIDED))
+
+
+def _scalar_aval(kind: type) -> jax.ShapeDtypeStruct:
+    """The abstract value a Python number becomes as an executable input."""
+    if kind is bool:
+        return jax.ShapeDtypeStruct((), jnp.bool_)
+    dtype = {int: jnp.int64, float: jnp.float64, complex: jnp.complex128}[kind]
+    return jax.ShapeDtypeStruct((), dtype, weak_type=True)
+
+
+def _tensor_avals(key: tuple | None, t, avals: list) -> None:
+    if key is None:
+        return
+    tag = key[0]
+    if tag == HOST:
+        avals.append(_scalar_aval(type(t.item())))
+    elif tag == NUMBER:
+        avals.append(_scalar_aval(key[1]))
+    elif tag == BITS:
+        _tensor_avals(key[3], t, avals)
+    else:
+        avals.append(buffer_aval(t))
+        if key[1].mode != strided.FULL:
+            avals.append(_scalar_aval(int))
+
+
+def buffer_aval(t: torch.Tensor) -> jax.ShapeDtypeStruct:
+    """The abstract value of a neuron tensor's storage buffer (flat, in the tensor's dtype)."""
+    return jax.ShapeDtypeStruct((t.untyped_storage().nbytes() // t.dtype.itemsize,),
+                                to_jax_dtype(t.dtype))
+
+
+def abstract_inputs(plan: OpPlan, key: tuple, values: list) -> list:
+    """The abstract values of `arguments_key`'s inputs for these values (no buffer is read)."""
+    avals: list = []
+    for kind, k, value in zip(plan.kinds, key, values):
+        if kind == SCALAR:
+            if k is not None:
+                avals.append(_scalar_aval(k))
+        elif kind == TENSOR:
+            _tensor_avals(k, value, avals)
+        elif kind not in (STATIC, GENERATOR):
+            for kk, v in zip(k, value):
+                _tensor_avals(kk, v, avals)
+    return avals
 
 
 def read_tensor(key: tuple | None, inputs: Iterator) -> Any:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..lowerings.dtypes import to_jax_dtype
-from . import platform
+from . import _native, fusion, platform
 
 aten = torch.ops.aten
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -25,23 +25,13 @@ _ADDRESS_ALIGN = 1 << 12
 PAYLOAD_ATTR = _PAYLOAD_ATTR = "_neuron_payload"
 
 
-class _MemoryStats:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.allocated = 0
-        self.peak = 0
-        self.num_alloc = 0
-        self.num_free = 0
-
-
-STATS = _MemoryStats()
-
-
-class Payload:
+class _PythonPayload:
     """The device data of one storage: `buf` is flat, `dtype` is its torch element dtype.
 
     `buf is None` means the storage has never been written (`torch.empty`): it reads as zeros
-    and is materialized on first use, so allocation never pays for a fill.
+    and is materialized on first use, so allocation never pays for a fill. (The C library's
+    `Payload` type is the same record, created and freed without running Python code; this
+    class serves when the library is not built.)
     """
 
     __slots__ = ("buf", "dtype", "nbytes", "__weakref__")
@@ -50,16 +40,50 @@ class Payload:
         self.nbytes = nbytes
         self.dtype = dtype
         self.buf = buf
-        with STATS.lock:
-            STATS.allocated += nbytes
-            STATS.num_alloc += 1
-            if STATS.allocated > STATS.peak:
-                STATS.peak = STATS.allocated
+        with _STATS_LOCK:
+            _STATS[2] += 1
+            _account(nbytes)
+
+    def set_nbytes(self, nbytes: int) -> None:
+        with _STATS_LOCK:
+            _account(nbytes - self.nbytes)
+        self.nbytes = nbytes
 
     def __del__(self) -> None:
-        with STATS.lock:
-            STATS.allocated -= self.nbytes
-            STATS.num_free += 1
+        with _STATS_LOCK:
+            _STATS[3] += 1
+            _account(-self.nbytes)
+
+
+# allocated, peak, number of allocations, number of frees (without the C library)
+_STATS = [0, 0, 0, 0]
+_STATS_LOCK = threading.Lock()
+
+
+def _account(delta: int) -> None:
+    _STATS[0] += delta
+    if _STATS[0] > _STATS[1]:
+        _STATS[1] = _STATS[0]
+
+
+_NATIVE = _native.fastpath()
+Payload = _NATIVE.Payload if _NATIVE is not None else _PythonPayload
+
+
+def memory_stats() -> tuple[int, int, int, int]:
+    """(bytes allocated, peak bytes, allocations, frees) of neuron storages."""
+    if _NATIVE is not None:
+        return _NATIVE.memory_stats()
+    with _STATS_LOCK:
+        return tuple(_STATS)
+
+
+def reset_peak_memory() -> None:
+    if _NATIVE is not None:
+        _NATIVE.reset_peak()
+        return
+    with _STATS_LOCK:
+        _STATS[1] = _STATS[0]
 
 
 _DEVICES: dict[int, torch.device] = {}
@@ -92,9 +116,14 @@ def new_storage(nbytes: int, dtype: torch.dtype, buf=None, device_index: int = 0
     storage = torch._C._construct_storage_from_data_pointer(
         _reserve_address(nbytes), _device(device_index), nbytes
     )
-    setattr(storage, _PAYLOAD_ATTR, Payload(nbytes, dtype, buf))
-    if buf is not None:
-        _LATEST[0] = buf
+    if fusion.is_pending(buf):
+        payload = Payload(nbytes, dtype)
+        fusion.track(payload, buf)
+    else:
+        payload = Payload(nbytes, dtype, buf)
+        if buf is not None:
+            _LATEST[0] = buf
+    setattr(storage, _PAYLOAD_ATTR, payload)
     return storage
 
 
@@ -110,11 +139,8 @@ def payload_of(storage) -> Payload:
 def resize_payload(storage, nbytes: int) -> None:
     """Called by the C++ hooks after `UntypedStorage.resize_`: keep the payload's prefix."""
     payload = payload_of(storage)
-    with STATS.lock:
-        STATS.allocated += nbytes - payload.nbytes
-        if STATS.allocated > STATS.peak:
-            STATS.peak = STATS.allocated
-    old, payload.nbytes = payload.buf, nbytes
+    old = storage_buffer(storage, payload.dtype) if payload.buf is not None else None
+    payload.set_nbytes(nbytes)
     if old is None or nbytes == 0:
         payload.buf = None
         return
@@ -167,20 +193,33 @@ def new_tensor(shape, dtype: torch.dtype, stride=None, buf=None, device_index: i
     return attach(tensor, storage, 0, shape, stride)
 
 
-def ready_buffer(tensor: torch.Tensor) -> jax.Array | None:
-    """The hot path's read: the flat buffer behind a neuron tensor when its storage already
-    holds one in the tensor's dtype, else None (then `storage_buffer` materializes or
-    reinterprets). None also for tensors of other devices, which carry no payload."""
+def ready_payload(tensor: torch.Tensor):
+    """The hot path's read: the payload of a neuron tensor's storage when it holds a buffer in
+    the tensor's dtype (an array, or a pending value of the recorded trace), else None (then
+    `storage_buffer` materializes or reinterprets). None also for tensors of other devices,
+    which carry no payload."""
     payload = getattr(tensor.untyped_storage(), _PAYLOAD_ATTR, None)
-    if payload is not None and payload.dtype is tensor.dtype:
-        return payload.buf
+    if payload is not None and payload.dtype is tensor.dtype and payload.buf is not None:
+        return payload
     return None
 
 
+def ready_buffer(tensor: torch.Tensor):
+    """`ready_payload(tensor).buf`, or None."""
+    payload = ready_payload(tensor)
+    return None if payload is None else payload.buf
+
+
 def storage_buffer(storage, dtype: torch.dtype) -> jax.Array:
-    """The flat payload of `storage` viewed as `dtype` (materialized, reinterpreted if needed)."""
+    """The flat payload of `storage` viewed as `dtype` (materialized, reinterpreted if needed;
+    a pending value of the recorded trace runs the trace first)."""
     payload = getattr(storage, _PAYLOAD_ATTR, None) or payload_of(storage)
     buf = payload.buf
+    if fusion.is_pending(buf):
+        fusion.flush()
+        buf = payload.buf
+        if fusion.is_pending(buf):
+            raise RuntimeError("torchneuron: a recorded value was lost (its trace failed to run)")
     if buf is not None and payload.dtype == dtype:
         return buf
     if buf is None:
@@ -193,20 +232,24 @@ def storage_buffer(storage, dtype: torch.dtype) -> jax.Array:
 
 
 def set_storage_buffer(storage, buf: jax.Array, dtype: torch.dtype) -> None:
+    """The storage's new contents: an array, or a pending value of the recorded trace."""
     payload = payload_of(storage)
-    payload.buf, payload.dtype = buf, dtype
-    _LATEST[0] = buf
+    payload.dtype = dtype
+    if fusion.is_pending(buf):
+        fusion.track(payload, buf)
+    else:
+        payload.buf = buf
+        _LATEST[0] = buf
 
 
 # The most recently produced buffer: PJRT runs a device's work in order, so waiting for it
 # waits for everything queued before it (`torch.neuron.synchronize`).
-_LATEST: list = [None]
+_LATEST = fusion.LATEST
 
 
 def wait_for_pending() -> None:
-    latest = _LATEST[0]
-    if latest is not None:
-        latest.block_until_ready()
+    """Run the recorded trace and wait until the device has finished all queued work."""
+    fusion.wait()
 
 
 def reinterpret(buf: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array:

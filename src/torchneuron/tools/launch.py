@@ -19,8 +19,8 @@ What is remapped (and nothing else; see docs/CLI.md):
   (also the default `GradScaler()`), `torch.set_default_device("cuda")`,
   `torch.load(map_location="cuda")`.
 
-It also turns on `torch.__future__.set_swap_module_params_on_conversion(True)`, so that
-`Module.to`/`.cuda()` keeps tied parameters tied, as it does on CUDA.
+`Module.cuda()` keeps tied parameters tied without any switch: the runtime converts modules
+to and from the neuron device with identity-preserving swaps (runtime/module_conversion.py).
 """
 
 from __future__ import annotations
@@ -243,10 +243,6 @@ def install(target: str = "neuron", remap_neuron: bool = False) -> Remap:
     torch.amp.GradScaler = GradScaler
     torch.set_default_device = set_default_device
     torch.load = load
-    # Module.to/cuda keeps tied parameters tied on CUDA; for a PrivateUse1 device PyTorch
-    # only does so in swap mode (docs/HUGGINGFACE.md).
-    saved["swap"] = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
     mode = _DeviceMode(remap)
     mode.__enter__()
     saved["mode"] = mode
@@ -271,7 +267,6 @@ def uninstall() -> None:
     torch.amp.GradScaler = saved["GradScaler"]
     torch.set_default_device = saved["set_default_device"]
     torch.load = saved["load"]
-    torch.__future__.set_swap_module_params_on_conversion(saved["swap"])
 
 
 def run_script(script: str, args: list[str]) -> int:

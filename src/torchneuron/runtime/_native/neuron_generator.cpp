@@ -1,9 +1,9 @@
-// The neuron device's generators and PrivateUse1 hooks, as a tiny shared library.
+// The neuron device's generators, PrivateUse1 hooks, device guard and allocators: one half of
+// the runtime's optional C++ library (fastpath.cpp is the other).
 //
-// The library has no Python bindings of its own: torchneuron loads it with ctypes and calls
-// the three `extern "C"` functions at the bottom. Everything else of the backend stays in
-// Python. Building it is optional (runtime/_generator/__init__.py); without it the package
-// runs on the pure-Python generator in runtime/rng.py.
+// torchneuron loads the library with ctypes and calls the `extern "C"` functions at the
+// bottom. Building it is optional (runtime/_native/__init__.py); without it the package runs
+// on the pure-Python generator in runtime/rng.py.
 //
 // Why C++ at all: torch.Generator(device="neuron") asks the registered PrivateUse1 hooks for
 // getNewGenerator, and ATen asks them for getDefaultGenerator; Python subclasses of
@@ -340,8 +340,17 @@ extern "C" {
 
 // Lets the loader refuse a library built from other sources.
 int torchneuron_generator_abi_version() {
-  return 5;
+  return 6;
 }
+
+}  // extern "C"
+
+// The allocator of neuron storages, for fastpath.cpp's output tensors.
+c10::Allocator* torchneuron_device_allocator() {
+  return &torchneuron::allocator();
+}
+
+extern "C" {
 
 // Registers NeuronHooks unless some hooks are registered already (PyTorch takes one set per
 // process). 1: registered now; 0: others were there first; -1: error.

@@ -1,22 +1,32 @@
-"""Build, cache and load the small C++ library behind `torch.Generator(device="neuron")`.
+"""Build, cache and load the runtime's small, optional C++ library.
 
-`neuron_generator.cpp` (next to this file) registers C++ PrivateUse1 hooks that answer what
-the Python hooks cannot: `getNewGenerator` and `getDefaultGenerator`. It is compiled on first
-import, against the installed torch, with the compiler and paths `torch.utils.cpp_extension`
-reports (no ninja, no network), and cached under the user cache directory:
+Two sources next to this file make one shared library:
+
+- `neuron_generator.cpp` registers C++ PrivateUse1 hooks that answer what the Python hooks
+  cannot (`getNewGenerator`, `getDefaultGenerator`: `torch.Generator(device="neuron")`), the
+  device guard, an allocator and pinned host memory;
+- `fastpath.cpp` is the eager hot path: the PrivateUse1 kernel that runs view ops and known
+  executables without entering Python, and the C type of storage payloads
+  (runtime/fastpath.py, runtime/storage.py).
+
+It is compiled on first import, against the installed torch, with the compiler and paths
+`torch.utils.cpp_extension` reports (no ninja, no network), and cached under the user cache
+directory:
 
     $TORCHNEURON_CACHE_DIR, else $XDG_CACHE_HOME/torchneuron, else ~/.cache/torchneuron
-        ext/neuron_generator-<key>.so      key: source, torch build, Python ABI, flags
+        ext/torchneuron_native-<key>.so      key: sources, torch build, Python ABI, flags
 
 Concurrent first imports are safe: one process builds under an exclusive `flock` on
 `<key>.lock`, writes to a temporary name and renames it into place; the others wait on the
 lock and then load the finished file. A failed build leaves `<key>.failed` (with the compiler
 output) so later imports with the same compiler ($CXX, else c++) do not retry; delete it, or
-set TORCHNEURON_REBUILD_EXTENSION=1, to try again. TORCHNEURON_GENERATOR_EXTENSION=0 skips the library altogether.
+set TORCHNEURON_REBUILD_EXTENSION=1, to try again. TORCHNEURON_NATIVE_LIBRARY=0 skips the
+library altogether.
 
-Without the library everything but explicit device generators works, on the pure-Python
-generator in `runtime/rng.py`; `torch.Generator(device="neuron")` then raises PyTorch's
-NotImplementedError (a RuntimeError) and the reason is given by `build_error()`.
+Without the library everything but explicit device generators works, more slowly: ops take
+the Python path, on the pure-Python generator in `runtime/rng.py`;
+`torch.Generator(device="neuron")` then raises PyTorch's NotImplementedError (a RuntimeError)
+and the reason is given by `build_error()`.
 """
 
 from __future__ import annotations
@@ -35,18 +45,19 @@ import torch
 
 from ... import config
 
-SOURCE = Path(__file__).with_name("neuron_generator.cpp")
-ABI_VERSION = 5
+SOURCES = (Path(__file__).with_name("neuron_generator.cpp"), Path(__file__).with_name("fastpath.cpp"))
+ABI_VERSION = 6
 _FLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared", "-w")
 
 _library: ctypes.PyDLL | None = None
 _error: str | None = None
 _loaded = False
 _hooks_registered = False
+_fastpath = None
 
 
 def enabled() -> bool:
-    return config.flag("TORCHNEURON_GENERATOR_EXTENSION")
+    return config.flag("TORCHNEURON_NATIVE_LIBRARY")
 
 
 def cache_dir() -> Path:
@@ -61,7 +72,7 @@ def cache_key() -> str:
     """What the built library depends on: source, torch build, Python ABI, flags, platform."""
     digest = hashlib.sha256()
     for part in (
-        SOURCE.read_bytes(),
+        *(source.read_bytes() for source in SOURCES),
         torch.__version__.encode(),
         str(torch.version.git_version).encode(),
         sys.implementation.cache_tag.encode(),
@@ -75,7 +86,7 @@ def cache_key() -> str:
 
 
 def library_path() -> Path:
-    return cache_dir() / "ext" / f"neuron_generator-{cache_key()}.so"
+    return cache_dir() / "ext" / f"torchneuron_native-{cache_key()}.so"
 
 
 def _compiler() -> str:
@@ -98,7 +109,7 @@ def _compile_command(output: Path) -> list[str]:
     command = [_compiler(), *_FLAGS, _abi_define()]
     command += [f"-I{p}" for p in cpp_extension.include_paths()]
     command.append(f"-I{sysconfig.get_paths()['include']}")
-    command += [str(SOURCE), "-o", str(output)]
+    command += [*(str(source) for source in SOURCES), "-o", str(output)]
     for lib_dir in cpp_extension.library_paths():
         command += [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}"]
     command += ["-lc10", "-ltorch_cpu", "-ltorch_python"]
@@ -162,7 +173,7 @@ def build(force: bool = False) -> Path:
                 output, ok = f"{type(err).__name__}: {err}", False
             if not ok:
                 failed.write_text(compiler + "\n" + " ".join(command) + "\n\n" + output)
-                raise RuntimeError(f"compiling {SOURCE.name} failed (details in {failed}):\n{output[-2000:]}")
+                raise RuntimeError(f"compiling the native library failed (details in {failed}):\n{output[-2000:]}")
             os.chmod(tmp, 0o755)
             os.replace(tmp, target)
             failed.unlink(missing_ok=True)
@@ -178,7 +189,7 @@ def load() -> ctypes.PyDLL | None:
         return _library
     _loaded = True
     if not enabled():
-        _error = "disabled by TORCHNEURON_GENERATOR_EXTENSION=0"
+        _error = "disabled by TORCHNEURON_NATIVE_LIBRARY=0"
         return None
     try:
         lib = ctypes.PyDLL(str(build()))
@@ -187,13 +198,14 @@ def load() -> ctypes.PyDLL | None:
         lib.torchneuron_register_hooks.restype = ctypes.c_int
         lib.torchneuron_default_generator.restype = ctypes.py_object
         lib.torchneuron_default_generator.argtypes = [ctypes.c_int]
+        lib.torchneuron_fastpath_module.restype = ctypes.py_object
         _library = lib
     except Exception as err:  # never let an optional build break the import
         _error = f"{type(err).__name__}: {err}"
         warnings.warn(
-            "torchneuron: the C++ generator library is unavailable, so "
-            "torch.Generator(device='neuron') will not work; seeded device RNG through "
-            f"torch.manual_seed / torch.neuron still does. Reason: {_error}",
+            "torchneuron: the C++ library is unavailable, so eager ops run slower (the Python "
+            "path) and torch.Generator(device='neuron') will not work; seeded device RNG "
+            f"through torch.manual_seed / torch.neuron still does. Reason: {_error}",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -235,3 +247,11 @@ def default_generator(index: int) -> torch.Generator:
     if _library is None:
         raise RuntimeError(f"torchneuron: no C++ generator library ({_error})")
     return _library.torchneuron_default_generator(index)
+
+
+def fastpath():
+    """The fast path's Python module (fastpath.cpp), or None without the library."""
+    global _fastpath
+    if _fastpath is None and load() is not None:
+        _fastpath = _library.torchneuron_fastpath_module()
+    return _fastpath

@@ -1,0 +1,222 @@
+"""Adaptive eager: op calls are recorded, and a run of them executes as one XLA program.
+
+With the C++ library loaded and fusion on (the default), an eager op whose executable is known
+is not run at once: the C++ kernel (or `eager.run_lowered`) records the executable and its
+inputs into a trace, and the op's results are `Pending` values that the storages hold as their
+payload's `buf`. The first read of a pending value (`.item()`, `.cpu()`, printing, a CPU
+fallback, a data-dependent op, a collective, `torch.neuron.synchronize()`, saving, a compiled
+graph's inputs...) calls `flush()`, which runs the whole trace as one `jax.jit` program and
+puts the values that are still referenced into their storages. A value that died inside the
+trace is never materialised (XLA removes its computation); the trace also runs when it reaches
+its cap of recorded ops (`TORCHNEURON_FUSION_CAP`).
+
+The program is the composition of the ops' own executables, so it computes what op-by-op
+execution computes (XLA may fuse the floating-point steps differently, within the tolerance
+accepted between eager and compiled mode). Programs are cached by the trace's structure (which
+executables, how their inputs connect, which results are kept); scalars and buffers are inputs,
+so a training loop reaches a steady state without new compilations.
+
+An op that checks its indices (gather, embedding, index_select, nll_loss...) ends the trace:
+the trace runs right after it is recorded, so an index out of range raises at the call, as on
+CPU, with the op and the user's source line in the message. `TORCHNEURON_LAUNCH_BLOCKING=1`
+runs every op at its call; `TORCHNEURON_FUSION=0` turns recording off.
+
+This module and runtime/storage.py are the only ones that touch payloads.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import torch.autograd.profiler as _profiler
+
+from .. import config
+from ..lowerings.registry import index_exception
+from . import _native
+
+_NATIVE = _native.fastpath()
+Pending = _NATIVE.Pending if _NATIVE is not None else None
+
+# The most recently produced buffer: PJRT runs a device's work in order, so waiting for it
+# waits for everything queued before it (`torch.neuron.synchronize`).
+LATEST: list = [None]
+
+_lock = threading.RLock()
+
+
+class FusionStats:
+    """Counters of the fused eager path (`torchneuron.fusion_stats()`)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.flushes = 0  # traces run
+        self.ops = 0  # op calls those traces held
+        self.compilations = 0  # fused programs built (traced and compiled)
+        self.cache_hits = 0  # traces served by a program already built
+        self.evictions = 0  # programs dropped from the cache (its budget)
+        self.compile_seconds = 0.0
+
+
+STATS = FusionStats()
+
+# trace structure -> jitted program, least recently used first
+_PROGRAMS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+
+
+def stats() -> dict[str, float]:
+    """A snapshot of the fused eager path's counters."""
+    return dict(vars(STATS))
+
+
+def reset_stats() -> None:
+    STATS.reset()
+
+
+def recording() -> bool:
+    """Whether eager calls are recorded (fusion on and the C++ library loaded)."""
+    return _ENABLED[0]
+
+
+_ENABLED = [False]
+
+
+def configure() -> None:
+    """Apply TORCHNEURON_FUSION / TORCHNEURON_LAUNCH_BLOCKING / TORCHNEURON_FUSION_CAP."""
+    on = _NATIVE is not None and config.flag("TORCHNEURON_FUSION") and not config.flag(
+        "TORCHNEURON_LAUNCH_BLOCKING")
+    set_enabled(on)
+
+
+def set_enabled(on: bool) -> None:
+    """Turn recording on or off (off runs what is recorded first)."""
+    if _NATIVE is None:
+        _ENABLED[0] = False
+        return
+    cap = int(config.raw("TORCHNEURON_FUSION_CAP"))
+    _NATIVE.set_fusion(bool(on), cap)
+    _ENABLED[0] = bool(on)
+
+
+def make_room() -> None:
+    """Run the trace if it has reached its cap (before the Python path records a call)."""
+    if _NATIVE is not None and _NATIVE.trace_full():
+        flush()
+
+
+def record(fn, inputs: tuple, n_results: int, site) -> tuple:
+    """Record one executable call; its results as pending values."""
+    return _NATIVE.record(fn, inputs, n_results, site)
+
+
+def track(payload, buf) -> None:
+    """`payload.buf = buf`, telling the trace when `buf` is one of its pending values."""
+    if Pending is not None and type(buf) is Pending:
+        _NATIVE.assign(payload, buf)
+    else:
+        payload.buf = buf
+
+
+def is_pending(value) -> bool:
+    return Pending is not None and type(value) is Pending
+
+
+def user_site() -> str:
+    """Where the user's code made the current call: the innermost frame outside torch and
+    torchneuron, as "file:line"."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "/torch/" not in name and "/torchneuron/" not in name:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def any_pending(values) -> bool:
+    """Whether any of `values` is a pending value (then `flush()` and read the tensors again)."""
+    return Pending is not None and any(type(v) is Pending for v in values)
+
+
+def flush() -> None:
+    """Run the recorded trace as one program and store the values still referenced."""
+    if _NATIVE is None:
+        return
+    with _lock:
+        trace = _NATIVE.take_trace()
+        if trace is None:
+            return
+        nodes, externals, assigned = trace
+        live = [(value, payload, pending) for value, payload, pending in assigned
+                if payload is not None and payload.buf is pending]
+        checks = []  # (value index of the check flag, site) of the nodes with an index check
+        first = 0
+        for _fn, _refs, n, site in nodes:
+            first += n
+            if site is not None:
+                checks.append((first - 1, site))
+        structure = (tuple((id(fn), refs, n) for fn, refs, n, _ in nodes),
+                     tuple(value for value, _, _ in live), tuple(v for v, _ in checks))
+        program = _PROGRAMS.get(structure)
+        STATS.flushes += 1
+        STATS.ops += len(nodes)
+        if program is None:
+            start = time.perf_counter()
+            program = _build(nodes, structure)
+            values, flags = _run(program, externals, len(nodes))
+            STATS.compile_seconds += time.perf_counter() - start
+        else:
+            _PROGRAMS.move_to_end(structure)
+            STATS.cache_hits += 1
+            values, flags = _run(program, externals, len(nodes))
+        for (_value, payload, _pending), array in zip(live, values):
+            payload.buf = array
+        if values:
+            LATEST[0] = values[-1]
+        for flag, (_value, site) in zip(flags, checks):
+            if bool(flag):
+                index_error, op, where = site
+                error = index_exception(index_error)
+                raise type(error)(f"{error} (in {op}, called at {where})")
+
+
+def _run(program, externals: tuple, num_ops: int):
+    if _profiler._is_profiler_enabled:  # the fused program, inside the ops' own records
+        with _profiler.record_function(f"neuron::fused::{num_ops} ops"):
+            return program(*externals)
+    return program(*externals)
+
+
+def _build(nodes, structure: tuple):
+    steps = [(fn, refs, n) for fn, refs, n, _ in nodes]
+    live_values, check_values = structure[1], structure[2]
+
+    def program(*externals):
+        values: list = []
+        for fn, refs, _n in steps:
+            args = [externals[r] if r >= 0 else values[-r - 1] for r in refs]
+            values.extend(fn(*args))
+        return [values[v] for v in live_values], [values[v] for v in check_values]
+
+    jitted = jax.jit(program)
+    _PROGRAMS[structure] = jitted
+    budget = int(config.raw("TORCHNEURON_FUSION_PROGRAMS"))
+    while len(_PROGRAMS) > budget:
+        _PROGRAMS.popitem(last=False)
+        STATS.evictions += 1
+    STATS.compilations += 1
+    return jitted
+
+
+def wait() -> None:
+    """Run what is recorded and wait until the device has finished it."""
+    flush()
+    latest = LATEST[0]
+    if latest is not None:
+        latest.block_until_ready()
