@@ -116,9 +116,3 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
         x = jnp.real(x)  # PyTorch drops the imaginary part (with a warning, at trace time)
     return x.astype(target)
 
-
-@lowers(aten.copy.default, graph_only=True)
-def copy(self, src, non_blocking=False):
-    # The functional copy_ (a slice assignment's new values): `src` cast and broadcast to
-    # `self`'s dtype and shape.
-    return jnp.broadcast_to(jnp.asarray(src).astype(self.dtype), self.shape)
