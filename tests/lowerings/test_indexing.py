@@ -485,3 +485,52 @@ def test_scatter_reduce_bool_is_logical_like_cpu(reduce, include_self):
     dev = x.to(DEV).scatter_reduce(0, index.to(DEV), src.to(DEV), reduce, include_self=include_self)
     torch.testing.assert_close(dev.cpu(), cpu, rtol=0, atol=0)
     assert_native("aten.scatter_reduce.two")
+
+
+def _idx(*values, device):
+    return torch.tensor(values, device=device)
+
+
+# Checks of CPU's kernels that PyTorch's meta kernels lack: JAX would broadcast the source or
+# cast it silently.
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.ones(3, 2, device=d).index_add(0, _idx(0, 1, device=d), torch.ones(2, device=d)),
+    lambda d: torch.zeros(3, device=d).index_add(0, _idx(0, device=d), torch.tensor(1.0, device=d)),
+    lambda d: torch.zeros((), device=d).index_add(0, _idx(0, device=d), torch.ones(1, device=d)),
+    lambda d: torch.zeros(3, 2, device=d).index_add_(0, _idx(0, 1, device=d), torch.ones(2, device=d)),
+    lambda d: torch.zeros(3, 2, device=d).index_add(0, _idx(0, device=d),
+                                                    torch.ones(1, 2, dtype=torch.float64, device=d)),
+    lambda d: torch.zeros(3, 2, device=d).index_reduce(0, _idx(0, 1, device=d),
+                                                       torch.ones(2, device=d), "prod"),
+    lambda d: torch.zeros(3, 2, device=d).index_reduce(0, _idx(0, device=d),
+                                                       torch.ones(1, 2, dtype=torch.float64, device=d),
+                                                       "prod"),
+    lambda d: torch.zeros(3, 2, device=d).index_copy(0, _idx(0, device=d),
+                                                     torch.ones(1, 2, dtype=torch.float64, device=d)),
+    lambda d: torch.zeros(3, device=d).put(_idx(0, device=d), torch.ones(1, dtype=torch.float64, device=d)),
+    lambda d: torch.ones(3, 2, device=d).index_select(0, torch.tensor([[0, 1]], device=d)),
+    lambda d: torch.zeros(5, device=d).index_put_((_idx(0, device=d),), torch.tensor([1], device=d)),
+    lambda d: torch.zeros(5, device=d).index_put_((_idx(0, device=d),),
+                                                  torch.ones(1, dtype=torch.float64, device=d),
+                                                  accumulate=True),
+    lambda d: torch.zeros(5, device=d).__setitem__(_idx(0, device=d),
+                                                   torch.tensor(1.0, dtype=torch.float64)),
+], ids=["index_add_shape", "index_add_0d_source", "index_add_0d_self", "index_add_inplace",
+        "index_add_dtype", "index_reduce_shape", "index_reduce_dtype", "index_copy_dtype",
+        "put_dtype", "index_select_2d_index", "index_put_dtype", "index_put_accumulate_dtype",
+        "setitem_dtype"])
+def test_source_checks_raise_as_on_cpu(fn):
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(type(cpu.value)) as dev:
+        fn(DEV)
+    assert str(dev.value) == str(cpu.value)
+
+
+def test_index_add_source_of_matching_shape_still_runs():
+    x, src = _data(torch.float32, (3, 2)), _data(torch.float32, (3, 3), seed=1)
+    idx = L(0, 1, 1)
+    _assert_same(x.to(DEV).index_add(1, idx.to(DEV), src.to(DEV)), x.index_add(1, idx, src))
+    zero = torch.zeros(())
+    _assert_same(zero.to(DEV).index_add(0, L(0).to(DEV), torch.tensor(2.0).to(DEV)),
+                 zero.index_add(0, L(0), torch.tensor(2.0)))

@@ -273,9 +273,9 @@ def test_non_dense_results_keep_cpu_layout():
     torch.testing.assert_close((got * 2).cpu(), expected * 2)
 
 
-def test_error_for_inputs_cpu_cannot_replay_keeps_pytorchs_type():
-    # 65 dims: PyTorch's check raises RuntimeError; replaying the call on CPU copies is
-    # impossible (numpy holds at most 64 dims), which must not turn it into a ValueError.
+def test_error_for_more_than_64_dims_keeps_pytorchs_type():
+    # 65 dims: PyTorch's meta kernel of the reduction raises RuntimeError naming its 64-dim
+    # limit (CPU's kernel has none); the error replay must not turn it into another type.
     x = torch.zeros([1] * 65, device="neuron")
     with pytest.raises(RuntimeError, match="65 dimensions"):
         torch.amax(x, dim=-1)

@@ -85,6 +85,30 @@ def test_random_values_have_the_right_shape_dtype_and_range():
     assert n.dtype == torch.float64 and abs(n.mean().item()) < 0.1 and 0.9 < n.std().item() < 1.1
 
 
+@pytest.mark.parametrize("dtype, top", [
+    (torch.bfloat16, 2 ** 8), (torch.float16, 2 ** 11), (torch.float32, 2 ** 24),
+    (torch.float64, 2 ** 53), (torch.uint8, 255), (torch.int8, 127), (torch.int16, 2 ** 15 - 1),
+])
+def test_random_without_bounds_covers_cpus_range(dtype, top):
+    # CPU: [0, 2**digits] for floats (digits counting the implicit bit), [0, max] for ints.
+    torch.manual_seed(0)
+    r = torch.empty(20000, dtype=dtype, device=N).random_().cpu().double()
+    assert r.min() >= 0 and r.max() <= top
+    assert r.max() > 0.99 * top if top < 2 ** 16 else r.max() > 0.9 * top
+
+
+@pytest.mark.parametrize("dtype, bounds", [
+    (torch.bool, (0, 3)), (torch.bool, (-1, 1)), (torch.int8, (0, 200)), (torch.uint8, (0, 257)),
+    (torch.float16, (0, 70000)), (torch.float32, (5, 3)), (torch.float32, (3, 3)),
+    (torch.int8, (200,)), (torch.float16, (3000, None)),
+])
+def test_random_bounds_cpu_refuses_are_refused(dtype, bounds):
+    with pytest.raises(RuntimeError) as cpu:
+        torch.empty(4, dtype=dtype).random_(*bounds)
+    with pytest.raises(RuntimeError, match=str(cpu.value).split(" for ")[0].split(",")[0]):
+        torch.empty(4, dtype=dtype, device=N).random_(*bounds)
+
+
 def test_torch_manual_seed_reaches_the_device_and_initial_seed_reports_it():
     torch.manual_seed(987654321)
     assert torch.neuron.initial_seed() == 987654321

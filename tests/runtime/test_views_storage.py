@@ -205,3 +205,48 @@ def test_accelerator_synchronize_and_storage_made_by_pytorch():
     t = torch.empty(0, device=DEV).set_(st, 0, (4,), (1,))
     t.fill_(2.5)
     assert torch.equal(t.cpu(), torch.full((4,), 2.5))
+
+
+def test_resize_past_the_storage_grows_it_for_every_view():
+    # CPU grows the StorageImpl itself: the base (and any other view) sees the new size.
+    cpu, dev = both(lambda d: torch.arange(4.0, device=d))
+    for t in (cpu, dev):
+        view = t[3:]
+        view.resize_(3)
+        view.fill_(7.0)
+    assert dev.untyped_storage().nbytes() == cpu.untyped_storage().nbytes() == 24
+    full_cpu = torch.empty(0).set_(cpu.untyped_storage())
+    full_dev = torch.empty(0, device=DEV).set_(dev.untyped_storage())
+    torch.testing.assert_close(full_dev.cpu(), full_cpu)
+
+
+@pytest.mark.parametrize("memory_format", [None, torch.preserve_format, torch.contiguous_format,
+                                           torch.channels_last])
+@pytest.mark.parametrize("template", [
+    lambda d: torch.empty(2, 3, 4, 5, device=d).to(memory_format=torch.channels_last),
+    lambda d: torch.empty(2, 3, 4, 5, device=d),
+    lambda d: torch.empty(3, 2, device=d).t(),
+], ids=["channels_last", "contiguous", "transposed"])
+def test_resize_as_memory_format(template, memory_format):
+    results = []
+    for device in ("cpu", DEV):
+        t, other = torch.empty(3, device=device), template(device)
+        try:
+            t.resize_as_(other, memory_format=memory_format)
+            results.append((tuple(t.shape), t.stride()))
+        except RuntimeError as err:  # channels_last of a 2-d template: both refuse
+            results.append(type(err))
+    assert results[1] == results[0]
+
+
+def test_dlpack_import_of_a_neuron_capsule_raises_instead_of_reading_zeros():
+    # A DLPack capsule of a neuron tensor carries its synthetic device address; the tensor
+    # torch.from_dlpack wraps around it has no device data behind it: every read must raise.
+    x = torch.arange(4.0, device=DEV)
+    y = torch.from_dlpack(torch.utils.dlpack.to_dlpack(x))
+    for use in (lambda: y.cpu(), lambda: y + 1, lambda: y.add_(1)):
+        with pytest.raises(RuntimeError, match="DLPack"):
+            use()
+    # memory from PyTorch's allocator for the device is still the device's own
+    t = torch.empty(0, device=DEV).set_(torch.UntypedStorage(16, device=DEV))
+    assert t.cpu().tolist() == [0.0] * 4

@@ -3,8 +3,10 @@
 An entry is written to a temporary file in the cache directory and renamed into place, so a
 reader never sees a partial file and concurrent writers of the same key cannot interleave; each
 entry carries a SHA-256 of its payload, so a corrupted or truncated file is detected, ignored
-and rebuilt. Directory: `$TORCHNEURON_CACHE_DIR/executables` (root default
-`~/.cache/torchneuron`); `TORCHNEURON_COMPILE_CACHE=0` disables it.
+and rebuilt. A read marks an entry used (its mtime); a write that takes the directory past
+`TORCHNEURON_DISK_CACHE_BYTES` removes the least recently used entries. Directory:
+`$TORCHNEURON_CACHE_DIR/executables` (root default `~/.cache/torchneuron`);
+`TORCHNEURON_COMPILE_CACHE=0` disables it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ def load(key: str):
     payload = data[len(_MAGIC) + 32 :]
     if hashlib.sha256(payload).digest() != digest:
         raise ValueError(f"checksum mismatch in {path}")
+    try:
+        os.utime(path)  # used now: the size limit removes least recently used entries first
+    except OSError:
+        pass
     return pickle.loads(payload)
 
 
@@ -67,6 +73,27 @@ def store(key: str, value) -> None:
         except FileNotFoundError:
             pass
         raise
+    prune(path.parent, int(config.raw("TORCHNEURON_DISK_CACHE_BYTES")))
+
+
+def prune(directory: Path, max_bytes: int) -> None:
+    """Remove the least recently used entries until the directory holds at most `max_bytes`."""
+    entries = []
+    for entry in directory.glob("*.bin"):
+        try:
+            info = entry.stat()
+        except FileNotFoundError:  # another process removed it
+            continue
+        entries.append((info.st_mtime, info.st_size, entry))
+    total = sum(size for _mtime, size, _entry in entries)
+    for _mtime, size, entry in sorted(entries, key=lambda e: e[0]):
+        if total <= max_bytes:
+            break
+        try:
+            entry.unlink()
+        except FileNotFoundError:
+            pass
+        total -= size
 
 
 def discard(key: str) -> None:

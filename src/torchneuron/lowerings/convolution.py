@@ -58,6 +58,16 @@ def _check_conv_shapes(x, w, transposed, groups):
         )
 
 
+def _check_conv_params(stride, padding, output_padding) -> None:
+    # CPU's checks that PyTorch's meta kernel lacks (lax would pad negatively, i.e. crop).
+    if any(p < 0 for p in _expand(padding, 1)):
+        raise RuntimeError("negative padding is not supported")
+    if output_padding and any(p < 0 for p in _expand(output_padding, 1)):
+        raise RuntimeError("negative output_padding is not supported")
+    if any(s <= 0 for s in _expand(stride, 1)):
+        raise RuntimeError("non-positive stride is not supported")
+
+
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     n = x.ndim - 2
     stride = _expand(stride, n)
@@ -94,6 +104,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
     _check_conv_shapes(input, weight, transposed, groups)
+    _check_conv_params(stride, padding, output_padding)
     x, w = upcast_half(input), upcast_half(weight)
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:

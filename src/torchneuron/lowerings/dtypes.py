@@ -40,6 +40,21 @@ def to_torch_dtype(dtype) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
 
 
+_SCALAR_TYPE_NAMES = {
+    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+    torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+
+
+def scalar_type_name(dtype) -> str:
+    """PyTorch's C++ name of a dtype (torch or JAX), as its error messages write it ("Float")."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = to_torch_dtype(dtype)
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
 def default_float() -> np.dtype:
     return TORCH_TO_JAX[torch.get_default_dtype()]
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import torch
+import torch._decomp
 
 from .dtypes import to_jax_dtype
-from .registry import lowers
+from .registry import decomposes, lowers
 
 aten = torch.ops.aten
 
@@ -116,3 +117,47 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
         x = jnp.real(x)  # PyTorch drops the imaginary part (with a warning, at trace time)
     return x.astype(target)
 
+
+# ---- out= variants ---------------------------------------------------------------------
+# CPU's kernels keep an out= tensor that already has the right number of elements, whatever
+# its shape and strides, and fill it in its logical order (`arange(4., out=x.t())`); only
+# one of another size is resized to 1-D. PyTorch's decompositions resize it to the 1-D shape.
+
+
+def _fill_out(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    if out.numel() != values.numel():
+        out.resize_(values.shape)
+    return out.copy_(values.reshape(out.shape))
+
+
+def _scalar(value):
+    return value.item() if isinstance(value, torch.Tensor) else value
+
+
+# Each calls the functional overload itself: `torch.arange(...)` would come back here
+# through its composite kernel (arange.default -> arange.out).
+@decomposes(aten.arange.out)
+def arange_end_out(end, *, out):
+    return arange_out(0, end, 1, out=out)
+
+
+@decomposes(aten.arange.start_out)
+def arange_out(start, end, step=1, *, out):
+    return _fill_out(out, aten.arange.start_step(start, end, step, dtype=out.dtype,
+                                                 device=out.device))
+
+
+@decomposes(aten.linspace.out, aten.linspace.Tensor_Tensor_out, aten.linspace.Tensor_Scalar_out,
+            aten.linspace.Scalar_Tensor_out)
+def linspace_out(start, end, steps, *, out):
+    return _fill_out(out, aten.linspace.default(_scalar(start), _scalar(end), steps,
+                                                dtype=out.dtype, device=out.device))
+
+
+@decomposes(aten.logspace.out, aten.logspace.Tensor_Tensor_out, aten.logspace.Tensor_Scalar_out,
+            aten.logspace.Scalar_Tensor_out)
+def logspace_out(start, end, steps, base=10.0, *, out):
+    # PyTorch's decomposition of logspace.default (the op's composite kernel calls logspace.out).
+    values = torch._decomp.decomposition_table[aten.logspace.default](
+        _scalar(start), _scalar(end), steps, base, dtype=out.dtype, device=out.device)
+    return _fill_out(out, values)

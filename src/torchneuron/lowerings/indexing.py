@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from .dtypes import scalar_type_name
 from .registry import graph_form, lowers
 
 aten = torch.ops.aten
@@ -55,6 +56,33 @@ def _at_least_1d(x):
 
 def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
+
+
+# CPU's kernels check these; PyTorch's meta kernels do not (so JAX would broadcast or cast).
+
+
+def _check_same_dtype(x, source, message: str) -> None:
+    """`message` with {self} and {source} (PyTorch's dtype names) when the dtypes differ."""
+    if hasattr(source, "dtype") and source.dtype != x.dtype:
+        raise RuntimeError(message.format(self=scalar_type_name(x.dtype),
+                                          source=scalar_type_name(source.dtype)))
+
+
+def _check_source_shape(x, dim: int, source) -> None:
+    """index_add/index_reduce: `source` has self's shape except along `dim`."""
+    same = x.ndim == source.ndim
+    if same and x.ndim:
+        axis = dim % x.ndim
+        same = all(a == b for d, (a, b) in enumerate(zip(x.shape, source.shape)) if d != axis)
+    if not same:
+        raise RuntimeError(
+            "source tensor shape must match self tensor shape, excluding the specified "
+            f"dimension. Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
+
+
+def _check_index_vector(name: str, index) -> None:
+    if index.ndim > 1:
+        raise IndexError(f"{name}(): Index is supposed to be a vector")
 
 
 # ---- advanced indexing: index.Tensor / index_put ---------------------------------------
@@ -247,6 +275,8 @@ _INDEX_PUT_IN_GRAPHS = graph_form(_index_put_in_graph, index_error=_GRAPH_INDEX_
 
 @lowers(aten.index_put.default, jit=False, graph_form=_INDEX_PUT_IN_GRAPHS)
 def index_put(x, indices, values, accumulate=False):
+    _check_same_dtype(x, values, "Index put requires the source and destination dtypes match, "
+                                 "got {self} for the destination and {source} for the source.")
     x0 = x
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
@@ -409,6 +439,7 @@ def _dim_key(axis, index):
 
 @lowers(aten.index_select.default, index_error=_INDEX_ERROR)
 def index_select(x, dim, index):
+    _check_index_vector("index_select", index)
     shape = x.shape
     x = _at_least_1d(x)
     axis = dim % x.ndim
@@ -421,6 +452,9 @@ def index_select(x, dim, index):
 # CPU raises RuntimeError here for a multi-dimensional self (IndexError only for 1-d).
 @lowers(aten.index_add.default, index_error=(RuntimeError, _INDEX_ERROR))
 def index_add(x, dim, index, source, *, alpha=1):
+    _check_same_dtype(x, source, "index_add_(): self ({self}) and source ({source}) must have "
+                                 "the same scalar type")
+    _check_source_shape(x, dim, source)
     shape = x.shape
     x, source = _at_least_1d(x), _at_least_1d(source)
     axis = dim % x.ndim
@@ -437,6 +471,8 @@ def index_add(x, dim, index, source, *, alpha=1):
 @lowers(aten.index_copy.default,
         index_error="index_copy_(): index out of bounds for the dimension being indexed")
 def index_copy(x, dim, index, source):
+    _check_same_dtype(x, source, "index_copy_(): self and source expected to have the same "
+                                 "dtype, but got (self) {self} and (source) {source}")
     shape = x.shape
     x, source = _at_least_1d(x), _at_least_1d(source)
     axis = dim % x.ndim
@@ -462,6 +498,9 @@ def index_fill(x, dim, index, value):
 
 @lowers(aten.index_reduce.default, index_error=_INDEX_ERROR, static=("reduce",))
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    _check_same_dtype(x, source, "index_reduce_(): self ({self}) and source ({source}) must "
+                                 "have the same scalar type")
+    _check_source_shape(x, dim, source)
     shape = x.shape
     x, source = _at_least_1d(x), _at_least_1d(source)
     axis = dim % x.ndim
@@ -548,6 +587,8 @@ def take(x, index):
 
 @lowers(aten.put.default, index_error=_TAKE_ERROR)
 def put(x, index, source, accumulate=False):
+    _check_same_dtype(x, source, "put_(): self and source expected to have the same dtype, but "
+                                 "got self.dtype = {self} and source.dtype = {source}")
     flat = x.reshape(-1)
     n = flat.shape[0]
     idx = index.reshape(-1)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .dtypes import to_jax_dtype
+from .dtypes import to_jax_dtype, to_torch_dtype
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -101,11 +101,17 @@ def _random_ints(key, shape, low, high, dtype):
 def random_from(x, from_, to=None, *, generator=None, key):
     if to is None:
         to = _max_exclusive(x.dtype)
+        if from_ >= to:
+            raise RuntimeError(
+                "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' "
+                f"casted to dtype, but got from={from_} > to_inc={to - 1}")
+    _check_bounds(x.dtype, from_, to)
     return _random_ints(key, x.shape, from_, to, x.dtype)
 
 
 @lowers(aten.random.to, rng=True, static=("to",))
 def random_to(x, to, *, generator=None, key):
+    _check_bounds(x.dtype, 0, to)
     return _random_ints(key, x.shape, 0, to, x.dtype)
 
 
@@ -115,11 +121,32 @@ def random_default(x, *, generator=None, key):
 
 
 def _max_exclusive(dtype) -> int:
+    """One past the largest value `random_()` draws: 2**digits for floats (every integer up to
+    it is representable; digits counts the implicit bit), the type's maximum for integers."""
     if dtype == jnp.bool_:
         return 2
     if jnp.issubdtype(dtype, jnp.floating):
-        return 2 ** jnp.finfo(dtype).nmant + 1
-    return int(jnp.iinfo(dtype).max)
+        return 2 ** (jnp.finfo(dtype).nmant + 1) + 1
+    # int64's maximum + 1 does not fit the int64 draw: its top value is left out.
+    return min(int(jnp.iinfo(dtype).max) + 1, int(jnp.iinfo(jnp.int64).max))
+
+
+def _check_bounds(dtype, from_: int, to: int) -> None:
+    """CPU's checks of random_(from, to): a non-empty range whose ends the dtype holds."""
+    if from_ >= to:
+        raise RuntimeError(
+            f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    if dtype == jnp.bool_:
+        low, high = 0, 1
+    elif jnp.issubdtype(dtype, jnp.floating):
+        low, high = float(jnp.finfo(dtype).min), float(jnp.finfo(dtype).max)
+    else:
+        low, high = int(jnp.iinfo(dtype).min), int(jnp.iinfo(dtype).max)
+    name = to_torch_dtype(dtype)
+    if not low <= from_ <= high:
+        raise RuntimeError(f"from is out of bounds for {name}")
+    if not low <= to - 1 <= high:
+        raise RuntimeError(f"to - 1 is out of bounds for {name}")
 
 
 @lowers(aten.randperm.default, aten.randperm.generator, aten.randperm.out,

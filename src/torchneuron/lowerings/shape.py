@@ -41,7 +41,8 @@ def constant_pad_nd(x, pad, value=0):
 
 @lowers(aten.flip.default)
 def flip(x, dims):
-    return jnp.flip(x, axis=tuple(dims)) if dims else x
+    # A 0-d tensor takes dim 0 or -1 (PyTorch wraps them as for a 1-d one): nothing to flip.
+    return jnp.flip(x, axis=tuple(dims)) if dims and x.ndim else x
 
 
 @lowers(aten.narrow_copy.default)

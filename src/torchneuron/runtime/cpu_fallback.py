@@ -15,7 +15,8 @@ import torch
 
 from .. import config
 from . import storage, transfer
-from .plan import NEURON, TENSOR, OpPlan
+from .meta import callable_for
+from .plan import NEURON, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, OpPlan
 
 OpOverload = torch._ops.OpOverload
 
@@ -115,10 +116,14 @@ def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     copied storage per neuron storage); None when they exceed _ERROR_PROBE_BYTES. Only for
     error paths: learning what CPU's kernel says about a call."""
     mirrors: dict[int, Any] = {}
+    replicas: dict[int, torch.Tensor] = {}  # one replica per tensor object, as CPU sees identity
     budget = [_ERROR_PROBE_BYTES]
 
     def convert(value):
         if isinstance(value, torch.Tensor) and value.device.type == NEURON:
+            replica = replicas.get(id(value))
+            if replica is not None:
+                return replica
             st = value.untyped_storage()
             key = st.data_ptr()
             cpu_st = mirrors.get(key)
@@ -127,9 +132,13 @@ def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
                 if budget[0] < 0:
                     raise _ProbeTooBig
                 flat = torch.empty(0, dtype=value.dtype, device=NEURON).set_(st)
-                cpu_st = mirrors[key] = transfer.neuron_to_cpu(flat).untyped_storage()
-            return torch.empty(0, dtype=value.dtype).set_(
+                # A storage of torch's own (numpy's is not resizable, and CPU kernels
+                # resize `out` before some of their checks).
+                cpu_st = mirrors[key] = torch.empty_like(flat, device="cpu").copy_(
+                    transfer.neuron_to_cpu(flat)).untyped_storage()
+            replica = replicas[id(value)] = torch.empty(0, dtype=value.dtype).set_(
                 cpu_st, value.storage_offset(), value.shape, value.stride())
+            return replica
         if isinstance(value, list | tuple):
             return type(value)(convert(v) for v in value)
         if isinstance(value, torch.device) and value.type == NEURON:
@@ -140,6 +149,21 @@ def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         return convert(args), {k: convert(v) for k, v in kwargs.items()}
     except _ProbeTooBig:
         return None
+
+
+def raise_if_cpu_refuses(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """Run the call on CPU copies of its arguments (cpu_replica) and let CPU's error, if it
+    has one, propagate: for what PyTorch's meta kernels do not check (overlapping writes,
+    the out= dtypes a kernel accepts). Calls too large to copy are let through."""
+    replica = cpu_replica(args, kwargs)
+    if replica is not None:
+        _run_replica(op, *replica)
+
+
+def _run_replica(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return callable_for(op, args, kwargs)(*args, **kwargs)
 
 
 def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
@@ -154,9 +178,7 @@ def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     if replica is None:
         raise err
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            op(*replica[0], **replica[1])
+        _run_replica(op, *replica)
     except Exception as cpu_err:
         if type(cpu_err) is not type(err):
             raise cpu_err from err
@@ -181,6 +203,21 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return lo, lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
+def _tensor_inputs(plan: OpPlan, values: list, written: int):
+    """(schema index, tensor) of a call's tensor arguments other than `written`, the items of
+    tensor lists included (`torch.cat([x, y], out=x)`)."""
+    for j, (kind, v) in enumerate(zip(plan.kinds, values)):
+        if j == written or v is None:
+            continue
+        if kind == TENSOR:
+            if isinstance(v, torch.Tensor):
+                yield j, v
+        elif kind == TENSOR_LIST or kind == OPT_TENSOR_LIST:
+            for item in v:
+                if isinstance(item, torch.Tensor):
+                    yield j, item
+
+
 def check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
     """CPU refuses to write a tensor whose elements share memory (`x.expand(3, 3).add_(1)`)
     or that overlaps one of the op's inputs (`torch.gather(x, 0, i, out=x[:3])`): the JAX
@@ -198,24 +235,17 @@ def check_write_overlap(plan: OpPlan, args: tuple, kwargs: dict) -> None:
             suspicious, identical_only = True, False
             break
         lo, hi = _byte_range(w)
-        if lo == hi:
-            continue
-        for j, (kind, v) in enumerate(zip(plan.kinds, values)):
-            if kind != TENSOR or j == i or not isinstance(v, torch.Tensor):
-                continue
+        for j, v in _tensor_inputs(plan, values, i):
             if v is w and j not in plan.out_args and i not in plan.out_args:
                 continue  # in-place: self is read and written
             vlo, vhi = _byte_range(v)
-            if vlo < hi and lo < vhi and v.device.type == NEURON:
+            # The same tensor overlaps itself for CPU even when empty (`cat([x, y], out=x)`).
+            if v is w or vlo < hi and lo < vhi and v.device.type == NEURON:
                 same = (vlo == lo and v.shape == w.shape and v.stride() == w.stride())
                 identical_only = same if not suspicious else identical_only and same
                 suspicious = True
     if not suspicious or (identical_only and plan.op in _IDENTICAL_OUT_OK):
         return
-    replica = cpu_replica(args, kwargs)
-    if replica is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            plan.op(*replica[0], **replica[1])  # CPU's error, if it has one, propagates
+    raise_if_cpu_refuses(plan.op, args, kwargs)
     if identical_only:  # CPU accepts `out=` an input itself for this op: no need to ask again
         _IDENTICAL_OUT_OK.add(plan.op)

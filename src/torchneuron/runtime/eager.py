@@ -8,10 +8,11 @@ from typing import Any
 import torch
 import torch._decomp
 
+from .. import config
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import index_exception
-from . import executable, fusion, rng, signature, storage, strided
-from .cpu_fallback import raise_as_on_cpu, run_on_cpu
+from . import _native, executable, fusion, rng, signature, storage, strided
+from .cpu_fallback import raise_as_on_cpu, raise_if_cpu_refuses, run_on_cpu
 from .meta import flatten_results, meta_outputs
 from .plan import COUNTS, GENERATOR, NEURON, OpPlan, Route, plan_for
 
@@ -21,8 +22,8 @@ OpOverload = torch._ops.OpOverload
 # finishes on CPU instead of recursing.
 decomposing: set[OpOverload] = set()
 
-
-def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> Any:
+def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
+                resized: bool = False) -> Any:
     """Run `lowering` for this call: one cached executable per argument signature, recorded
     into the fusion trace (runtime/fusion.py) when it can be, else run now."""
     recording = fusion.recording() and lowering.jit
@@ -30,23 +31,30 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
         fusion.make_room()
     values = plan.bind(args, kwargs)
     key, inputs = signature.arguments_key(plan, values)
-    # The default dtype changes what some ops compute (integer division, factories).
+    # The default dtype is part of what an executable computes (int / int, factories without
+    # dtype=, int-to-float promotion): executables are kept per default dtype.
     cache_key = (key, torch.get_default_dtype())
     ex = plan.cache.get(cache_key)
     if ex is None:
         try:
-            ex = executable.build(plan, lowering, key, values, args, kwargs, len(inputs))
+            out_dtypes = (_out_dtypes(plan, values, args, kwargs)
+                          if plan.out_args and plan.lowering is None else None)
+            ex = executable.build(plan, lowering, key, values, args, kwargs, len(inputs),
+                                  out_dtypes)
         except executable.ResizeOutputs as resize:
+            if resized:  # resizing `out` changed the expected shape: it is one of the inputs
+                raise RuntimeError(f"torchneuron: {plan.name}: an out= tensor is also an input "
+                                   "and must be resized; pass a separate out= tensor") from None
             for i, layout in zip(plan.out_args, resize.layouts):
                 if layout is not None:
                     shape, stride = layout
                     values[i].resize_(shape)
                     if values[i].stride() != stride and strided.dense_permutation(shape, stride):
                         values[i].as_strided_(shape, stride)
-            return run_lowered(plan, lowering, args, kwargs)
+            return run_lowered(plan, lowering, args, kwargs, resized=True)
         except Exception as err:
             raise_as_on_cpu(plan.op, args, kwargs, err)
-        plan.cache[cache_key] = ex
+        _remember(plan, cache_key, ex)
     if ex.writes:
         inputs += executable.write_inputs(ex, values)
     if lowering.rng:
@@ -62,7 +70,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
     else:
         if fusion.any_pending(inputs):
             fusion.flush()  # this call cannot be recorded: its inputs must exist now
-            return run_lowered(plan, lowering, args, kwargs)
+            return run_lowered(plan, lowering, args, kwargs, resized)
         try:
             results = ex.fn(*inputs)
         except Exception as err:  # raised while tracing the lowering (or by a jit=False one)
@@ -86,6 +94,47 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict) -> 
     if recording and ex.index_error is not None:
         fusion.flush()  # an op that checks its indices ends the trace: its error is raised here
     return returned
+
+
+def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable) -> None:
+    """Keep `ex` for its signature; an op keeps at most TORCHNEURON_EAGER_SIGNATURES of them
+    (the oldest goes first), so that ever-new shapes do not grow memory without bound."""
+    cache = plan.cache
+    cache[cache_key] = ex
+    budget = _signature_budget()
+    native = _native.fastpath()
+    while len(cache) > budget:
+        evicted = cache.pop(next(iter(cache)))
+        if native is not None:
+            native.forget_executable(evicted.fn)
+
+
+def _signature_budget() -> int:
+    return int(config.raw("TORCHNEURON_EAGER_SIGNATURES"))
+
+
+def _out_dtypes(plan: OpPlan, values: list, args: tuple, kwargs: dict) -> executable.OutDtypes | None:
+    """For an out= call computed by its functional op: None when every `out` has the dtype of
+    the functional result; else CPU's error if CPU refuses those dtypes (PyTorch's meta
+    kernels accept any: `neg(float, out=double)`, `aminmax(float, out=double)`), else how the
+    call computes in them."""
+    results = executable.functional_meta(plan, args, kwargs)
+    if results is None:
+        return None
+    round_to = {}
+    for i, natural in zip(plan.out_args, results):
+        out = values[i]
+        if isinstance(out, torch.Tensor) and isinstance(natural, torch.Tensor) and (
+                out.dtype != natural.dtype):
+            round_to[i] = natural.dtype
+    if not round_to:
+        return None
+    raise_if_cpu_refuses(plan.op, args, kwargs)
+    if len(plan.out_args) == 1 and "dtype" in plan.arg_names and (
+            values[plan.arg_names.index("dtype")] is None):
+        # Reductions with a `dtype=` argument (sum, mean, cumsum, prod) compute in out's.
+        return executable.OutDtypes({}, values[plan.out_args[0]].dtype)
+    return executable.OutDtypes(round_to)
 
 
 def _generator_arg(plan: OpPlan, values: list):
@@ -136,9 +185,14 @@ def run_out_variant(plan: OpPlan, functional: OpOverload, args: tuple, kwargs: d
             decomposing.discard(functional)
     results = flatten_results(result)
     metas = flatten_results(meta) if meta is not None else results
-    for out, res, m in zip(outs, results, metas):
+    for out, res in zip(outs, results):
         if out.device.type != NEURON:
             raise signature.device_mismatch(out.device)
+        if isinstance(res, torch.Tensor) and out.dtype != res.dtype:
+            # PyTorch's meta kernels accept any out= dtype (nonzero has none): ask CPU.
+            raise_if_cpu_refuses(plan.op, args, kwargs)
+            break
+    for out, res, m in zip(outs, results, metas):
         if tuple(out.shape) != tuple(m.shape):
             out.resize_(m.shape)
             if m.stride() != out.stride() and m.is_contiguous() is False:

@@ -10,7 +10,7 @@ signature (output metadata, write targets, layout flags) is worked out once, her
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +96,15 @@ def _check_out_layouts(plan: OpPlan, values: list, meta) -> None:
         raise ResizeOutputs(layouts)
 
 
+def functional_meta(plan: OpPlan, args: tuple, kwargs: dict) -> list | None:
+    """The functional twin's results (meta tensors) for an in-place or out= call of `plan`,
+    None without a meta kernel."""
+    n = plan.num_positional
+    meta = meta_outputs(plan.functional, args[:n], {k: v for k, v in kwargs.items()
+                                                     if k not in plan.out_names})
+    return None if meta is None else flatten_results(meta)
+
+
 def _check_inplace_cast(plan: OpPlan, values: list, args: tuple, kwargs: dict) -> None:
     """An in-place op derived from its functional twin stores the functional result in
     `self`: CPU refuses a result dtype that cannot be cast to self's (`int_tensor.logit_()`),
@@ -104,10 +113,8 @@ def _check_inplace_cast(plan: OpPlan, values: list, args: tuple, kwargs: dict) -
     target = values[self_index]
     if not isinstance(target, torch.Tensor):
         return
-    n = plan.num_positional
-    functional_meta = meta_outputs(plan.functional, args[:n], {k: v for k, v in kwargs.items()
-                                                                 if k not in plan.out_names})
-    result = flatten_results(functional_meta)[0] if functional_meta is not None else None
+    results = functional_meta(plan, args, kwargs)
+    result = results[0] if results else None
     if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, target.dtype):
         raise RuntimeError(
             f"result type {_type_name(result.dtype)} can't be cast to the desired output type "
@@ -131,8 +138,19 @@ def _fresh_layout(m) -> tuple | None:
     return (m.dtype, tuple(m.shape), tuple(stride))
 
 
+class OutDtypes(NamedTuple):
+    """How an out= call whose `out` has another dtype than the functional op's result
+    computes (once CPU has accepted that dtype): `round_to` {schema index of an out=
+    argument: the functional result's dtype} rounds the result to it before the cast to
+    out's dtype (`add(half, half, out=float)` adds in half on CPU); `dtype` is passed as the
+    functional op's `dtype=` instead (`sum(half, out=float)` sums in float on CPU)."""
+
+    round_to: dict[int, torch.dtype]
+    dtype: torch.dtype | None = None
+
+
 def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tuple,
-          kwargs: dict, num_inputs: int) -> Executable:
+          kwargs: dict, num_inputs: int, out_dtypes: OutDtypes | None = None) -> Executable:
     """The executable of `lowering` for this call's signature `key` (raises PyTorch's error
     for bad input, or ResizeOutputs when an out= tensor must be resized first)."""
     direct = plan.lowering is not None  # registered on this very overload
@@ -142,6 +160,11 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
     if not direct and not plan.out_args:
         _check_inplace_cast(plan, values, args, kwargs)
     static_values = [v if k == STATIC else None for k, v in zip(plan.kinds, values)]
+    via = {}
+    if out_dtypes is not None:
+        via = {(i, None): dtype for i, dtype in out_dtypes.round_to.items()}
+        if out_dtypes.dtype is not None:
+            static_values[plan.arg_names.index("dtype")] = out_dtypes.dtype
     compute_dtype = None
     if lowering.promote is not None:
         compute_dtype = promotion_dtype(lowering.promote, promotion_operands(plan, to_meta(values)))
@@ -156,7 +179,9 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
             metas = [metas[i] for i in plan.fresh_returns]
         fresh_meta = [_fresh_layout(m) for m in metas]
     write_meta = []
+    write_via = []
     for slot in slots:
+        write_via.append(via.get(slot))
         if slot is None:
             write_meta.append(None)
             continue
@@ -198,7 +223,7 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
                 outputs.append(strided.to_memory_order(value, stride))
         new_buffers = []
         targets = iter(write_inputs)
-        for wmeta, value in zip(write_meta, write_vals):
+        for wmeta, value, rounding in zip(write_meta, write_vals, write_via):
             if wmeta is None:  # an absent optional argument
                 continue
             buf, offset = next(targets)
@@ -206,6 +231,8 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
                 new_buffers.append(None)
                 continue
             dtype, spec = wmeta
+            if rounding is not None:
+                value = opcall.cast_to(value, rounding)
             value = opcall.cast_to(value, dtype)
             if tuple(value.shape) != spec.shape:
                 value = _broadcast_into(value, spec.shape)

@@ -61,6 +61,7 @@ class FusionStats:
         self.compilations = 0  # fused programs built (traced and compiled)
         self.cache_hits = 0  # traces served by a program already built
         self.evictions = 0  # programs dropped from the cache (its budget)
+        self.values_kept = 0  # results the programs returned (the rest died inside the trace)
         self.compile_seconds = 0.0
 
 
@@ -175,6 +176,7 @@ def flush() -> None:
             _PROGRAMS.move_to_end(structure)
             STATS.cache_hits += 1
             values, flags = _run(program, externals, len(nodes))
+        STATS.values_kept += len(live)
         for (_value, payload, _pending), array in zip(live, values):
             payload.buf = array
         if values:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from . import storage, strided, transfer
 from .plan import NEURON, handles
@@ -47,12 +48,18 @@ def _check_sizes(size) -> None:
 
 
 def _strides_for(shape, memory_format) -> tuple[int, ...]:
-    if memory_format == torch.channels_last and len(shape) == 4:
+    if memory_format == torch.channels_last:
+        if len(shape) != 4:
+            raise RuntimeError("required rank 4 tensor to use channels_last format")
         n, c, h, w = shape
         return (h * w * c, 1, w * c, c) if c else storage.contiguous_strides(shape)
-    if memory_format == torch.channels_last_3d and len(shape) == 5:
+    if memory_format == torch.channels_last_3d:
+        if len(shape) != 5:
+            raise RuntimeError("required rank 5 tensor to use channels_last_3d format")
         n, c, d, h, w = shape
         return (d * h * w * c, 1, h * w * c, w * c, c)
+    if memory_format == torch.preserve_format:
+        raise RuntimeError("unsupported memory format Preserve")
     return storage.contiguous_strides(shape)
 
 
@@ -129,15 +136,31 @@ def resize_(t, size, *, memory_format=None):
     needed = storage.storage_size_for(shape, stride, t.storage_offset()) * t.dtype.itemsize
     st = t.untyped_storage()
     if needed > st.nbytes():
-        storage.attach(t, storage.grown_storage(st, needed, t.dtype), t.storage_offset(), shape, stride)
-    else:
-        storage.attach(t, st, t.storage_offset(), shape, stride)
+        st = _grow(st, needed, t.dtype)
+    storage.attach(t, st, t.storage_offset(), shape, stride)
     return t
+
+
+def _grow(st, nbytes: int, dtype: torch.dtype):
+    """`st` grown to `nbytes`, in place as CPU grows a storage, so that every view of it
+    sees the new size (`arange(4., out=x[:, 1:])` writes past the view's end into x's
+    storage). Without the C++ hooks a storage cannot be resized: a new, larger one."""
+    try:
+        st.resize_(nbytes)
+    except RuntimeError:
+        return storage.grown_storage(st, nbytes, dtype)
+    return st
 
 
 @handles(aten.resize_as_.default)
 def resize_as_(t, other, *, memory_format=None):
-    return resize_(t, other.shape, memory_format=memory_format)
+    resize_(t, other.shape)
+    if memory_format is None:
+        return t
+    if memory_format == torch.preserve_format:  # as CPU: the layout `other` suggests
+        memory_format = suggest_memory_format(other)
+    stride = _strides_for(tuple(t.shape), memory_format)
+    return storage.attach(t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), stride)
 
 
 @handles(

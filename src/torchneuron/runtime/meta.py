@@ -31,13 +31,32 @@ def to_meta(value: Any) -> Any:
     return value
 
 
+def callable_for(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """`op`, or its overload packet when a Tensor slot holds a Python number: the boxed
+    fallback receives PyTorch's wrapped scalars as numbers (`fmod(x, 4, out=o)` reaches
+    `fmod.Tensor_out` with other=4), which an OpOverload called from Python refuses for most
+    ops; the packet picks the overload that takes a Scalar, as Python's argument parser does."""
+    schema_args = op._schema.arguments
+    for a, v in zip(schema_args, args):
+        if isinstance(v, int | float | complex) and str(a.type) in _TENSOR_TYPES:
+            return op.overloadpacket
+    if kwargs:
+        for a in schema_args:
+            if isinstance(kwargs.get(a.name), int | float | complex) and str(a.type) in _TENSOR_TYPES:
+                return op.overloadpacket
+    return op
+
+
+_TENSOR_TYPES = ("Tensor", "Optional[Tensor]")
+
+
 def meta_outputs(op: OpOverload, args: tuple, kwargs: dict, kernel: Callable | None = None) -> Any:
     """Run `op` (or `kernel`, a lowering's own meta kernel) on meta tensors: PyTorch's checks
     and output metadata, or None if there is no meta kernel."""
     meta_args = to_meta(args)
     meta_kwargs = {k: to_meta(v) for k, v in kwargs.items()}
     try:
-        return (kernel or op)(*meta_args, **meta_kwargs)
+        return (kernel or callable_for(op, args, kwargs))(*meta_args, **meta_kwargs)
     except NotImplementedError:
         return None
     except RuntimeError as err:

@@ -50,6 +50,15 @@ jax.config.update("jax_enable_x64", True)
 # hand-off per op (measured: 64x64 add 130 us -> 47 us). TORCHNEURON_ASYNC_DISPATCH=1 restores
 # JAX's default asynchronous dispatch.
 jax.config.update("jax_cpu_enable_async_dispatch", config.flag("TORCHNEURON_ASYNC_DISPATCH"))
+# Eager executables and fused eager programs are kept on disk by JAX's own cache (keyed by the
+# program), so a second process loads them instead of compiling; least recently used entries
+# go when the cache passes TORCHNEURON_DISK_CACHE_BYTES. (torch.compile graphs have their own
+# on-disk cache, compiler/disk_cache.py.)
+if config.flag("TORCHNEURON_COMPILE_CACHE"):
+    jax.config.update("jax_compilation_cache_dir", str(config.cache_root() / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", int(config.raw("TORCHNEURON_DISK_CACHE_BYTES")))
 
 
 def platform_name() -> str:

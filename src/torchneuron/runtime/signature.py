@@ -25,7 +25,7 @@ import torch
 
 from ..lowerings.dtypes import to_jax_dtype
 from . import storage, strided
-from .plan import GENERATOR, NEURON, SCALAR, STATIC, TENSOR, OpPlan
+from .plan import GENERATOR, NEURON, OPT_TENSOR_LIST, SCALAR, STATIC, TENSOR, OpPlan
 
 HOST = "host"
 NUMBER = "number"
@@ -165,9 +165,20 @@ def arguments_key(plan: OpPlan, values: list) -> tuple[tuple, list]:
                 inputs.append(value)
         elif kind == TENSOR:
             key.append(None if value is None else tensor_key(value, inputs))
+        elif kind == OPT_TENSOR_LIST:  # the indices of index/index_put
+            key.append(tuple(None if v is None else tensor_key(_index_on_device(v), inputs)
+                             for v in value))
         else:
             key.append(tuple(None if v is None else tensor_key(v, inputs) for v in value))
     return tuple(key), inputs
+
+
+def _index_on_device(index: torch.Tensor) -> torch.Tensor:
+    """As CUDA does, advanced indexing takes CPU index tensors (and masks) and moves them to
+    the device (0-dim ones are host scalars already)."""
+    if isinstance(index, torch.Tensor) and index.device.type == "cpu" and index.dim():
+        return index.to(NEURON)
+    return index
 
 
 def read_arguments(plan: OpPlan, key: tuple, inputs, static_values: list) -> list:

@@ -130,7 +130,14 @@ def new_storage(nbytes: int, dtype: torch.dtype, buf=None, device_index: int = 0
 def payload_of(storage) -> Payload:
     payload = getattr(storage, _PAYLOAD_ATTR, None)
     if payload is None:
-        # A storage made by PyTorch itself (e.g. `torch.UntypedStorage(n, device="neuron")`).
+        if not storage.resizable() and storage.nbytes():
+            # Memory the device never allocated (`torch.from_dlpack` of a neuron tensor's
+            # capsule wraps its synthetic address): there is nothing behind it to read.
+            raise RuntimeError(
+                "torchneuron: this neuron tensor wraps memory the neuron device did not allocate "
+                "(e.g. torch.from_dlpack of a DLPack capsule); neuron tensors cannot be "
+                "exchanged through DLPack: copy them through the CPU (tensor.cpu()) instead")
+        # A storage made by PyTorch's allocator (e.g. `torch.UntypedStorage(n, device="neuron")`).
         payload = Payload(storage.nbytes(), torch.uint8)
         setattr(storage, _PAYLOAD_ATTR, payload)
     return payload

@@ -31,8 +31,14 @@ def logical_array(t: torch.Tensor) -> jax.Array:
     return value
 
 
+# numpy holds at most 32 dimensions (64 since numpy 2); PyTorch and XLA have no such limit, so
+# values of more dimensions cross the host boundary flattened.
+_NUMPY_MAX_DIMS = 32
+
+
 def cpu_to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's logical value as a contiguous numpy array (bfloat16/float8 as ml_dtypes)."""
+    """A CPU tensor's logical value as a contiguous numpy array (bfloat16/float8 as ml_dtypes),
+    flattened when it has more dimensions than numpy holds."""
     t = t.detach().resolve_conj().resolve_neg()
     if t._is_zerotensor():
         # An efficient zero tensor (autograd's zero gradients, e.g. sgn's) has no storage to
@@ -40,6 +46,8 @@ def cpu_to_numpy(t: torch.Tensor) -> np.ndarray:
         t = torch.zeros(t.shape, dtype=t.dtype)
     if not t.is_contiguous():
         t = t.contiguous()
+    if t.dim() > _NUMPY_MAX_DIMS:
+        t = t.reshape(-1)
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(to_jax_dtype(torch.bfloat16))
     if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
@@ -58,7 +66,10 @@ def numpy_to_cpu(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def neuron_to_cpu(t: torch.Tensor) -> torch.Tensor:
     """The logical value of a neuron tensor as a new contiguous CPU tensor."""
-    array = np.asarray(jax.device_get(logical_array(t)))
+    value = logical_array(t)
+    if value.ndim > _NUMPY_MAX_DIMS:
+        value = value.reshape(-1)
+    array = np.asarray(jax.device_get(value))
     if not array.flags.writeable:
         array = array.copy()
     return numpy_to_cpu(array, t.dtype).reshape(t.shape)

@@ -1225,6 +1225,22 @@ PyObject* py_forget(PyObject* /*self*/, PyObject* /*unused*/) {
   Py_RETURN_NONE;
 }
 
+// forget_executable(fn): drop the learned executables that call `fn` (the Python cache evicted it).
+PyObject* py_forget_executable(PyObject* /*self*/, PyObject* fn) {
+  for (auto& [schema, entry] : entries) {
+    for (auto it = entry->executables.begin(); it != entry->executables.end();) {
+      if (it->second->fn == fn) {
+        Py_XDECREF(it->second->fn);
+        Py_XDECREF(it->second->index_error);
+        it = entry->executables.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  Py_RETURN_NONE;
+}
+
 PyObject* py_memory_stats(PyObject* /*self*/, PyObject* /*unused*/) {
   return Py_BuildValue("(LLLL)", static_cast<long long>(stats.allocated),
                        static_cast<long long>(stats.peak), static_cast<long long>(stats.num_alloc),
@@ -1250,6 +1266,7 @@ PyMethodDef methods[] = {
     {"fast_counts", py_counts, METH_NOARGS, "op name -> calls served without Python"},
     {"reset_fast_counts", py_reset_counts, METH_NOARGS, "clear fast_counts()"},
     {"forget", py_forget, METH_NOARGS, "drop every learned executable"},
+    {"forget_executable", py_forget_executable, METH_O, "drop the learned executables calling fn"},
     {"memory_stats", py_memory_stats, METH_NOARGS, "(allocated, peak, num_alloc, num_free)"},
     {"reset_peak", py_reset_peak, METH_NOARGS, "peak := allocated"},
     {nullptr, nullptr, 0, nullptr},

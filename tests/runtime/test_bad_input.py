@@ -1,0 +1,83 @@
+"""Bad input the neuron device must refuse as CPU refuses it (issue 10, point 4): each case
+runs on CPU and on the device, and both must raise the same exception type, with CPU's
+message where the device's own check raises it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchneuron  # noqa: F401  (registers the neuron device)
+
+
+def _raises_like_cpu(fn, match: str | None = None) -> None:
+    """fn(device) raises on the device exactly when, and with the type that, it raises on CPU."""
+    errors = []
+    for device in ("cpu", "neuron"):
+        try:
+            fn(device)
+            errors.append(None)
+        except Exception as err:  # noqa: BLE001 - the type is what is compared
+            errors.append(err)
+    cpu, neuron = errors
+    assert cpu is not None, "the case must be one CPU refuses"
+    assert type(neuron) is type(cpu), f"CPU raised {cpu!r}, neuron {neuron!r}"
+    if match is not None:
+        assert match in str(neuron), str(neuron)
+
+
+_OVERLAP = "refer to a single memory location"
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: (lambda x: torch.cat([x, torch.ones(4, 6, device=d)], 0, out=x))(
+            torch.ones(4, 6, device=d)),
+        lambda d: (lambda x: torch.cat([torch.ones(2, 6, device=d), x], 0, out=x[:2]))(
+            torch.ones(4, 6, device=d)),
+        lambda d: (lambda x: torch.cat([x, torch.ones(3, device=d)], out=x))(
+            torch.empty(0, device=d)),
+        lambda d: (lambda x: torch.stack([x, x], out=x))(torch.ones(3, device=d)),
+    ],
+    ids=["cat_out_is_input", "cat_out_overlaps_input", "cat_out_is_empty_input", "stack"],
+)
+def test_out_overlapping_a_listed_input(fn) -> None:
+    _raises_like_cpu(fn, _OVERLAP)
+
+
+def test_out_identical_to_empty_input_allowed_for_elementwise() -> None:
+    x = torch.empty(0, device="neuron")
+    assert torch.add(x, 1, out=x).shape == (0,)
+
+
+def _empty(shape, dtype, device):
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (lambda d: torch.neg(torch.ones(3, device=d), out=_empty(3, torch.float64, d)),
+         "Found dtype Double but expected Float"),
+        (lambda d: torch.neg(torch.ones(3, device=d), out=_empty(3, torch.int64, d)),
+         "Found dtype Long but expected Float"),
+        (lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, device=d),
+                                 out=_empty(2, torch.complex128, d)),
+         "Expected object of scalar type ComplexFloat"),
+        (lambda d: torch.aminmax(torch.ones(3, 3, device=d), dim=0,
+                                 out=(_empty(3, torch.float64, d), _empty(3, torch.float64, d))),
+         "Expected out tensor to have dtype float, but got double"),
+        (lambda d: torch.nonzero(torch.ones(3, device=d), out=_empty(0, torch.float32, d)),
+         "Expected out tensor to have scalar type Long"),
+        (lambda d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
+                            out=_empty((2, 2), torch.float64, d)),
+         "Expected out tensor to have dtype float"),
+        (lambda d: torch.clamp(torch.ones(3, device=d, dtype=torch.half), 0, 1,
+                               out=_empty(3, torch.float32, d)),
+         "Found dtype Float but expected Half"),
+    ],
+    ids=["neg_double", "neg_long", "complex", "aminmax", "nonzero", "mm", "clamp_half"],
+)
+def test_out_of_a_dtype_cpu_refuses(fn, message: str) -> None:
+    _raises_like_cpu(fn, message)

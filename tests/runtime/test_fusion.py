@@ -1,0 +1,283 @@
+"""Adaptive eager (runtime/fusion.py): recorded op runs give the results op-by-op execution
+gives, run at every point a value is needed, and keep their caches bounded."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.runtime import fusion, plan
+
+pytestmark = pytest.mark.skipif(not fusion.recording() and fusion.Pending is None,
+                                reason="fusion needs the C++ library, which this process could not build")
+
+DEV = "neuron"
+
+
+@pytest.fixture
+def fused():
+    """Fusion on for the test (the default), restored afterwards."""
+    before = fusion.recording()
+    fusion.set_enabled(True)
+    yield
+    fusion.set_enabled(before)
+
+
+def _unfused(fn):
+    before = fusion.recording()
+    fusion.set_enabled(False)
+    try:
+        return fn()
+    finally:
+        fusion.set_enabled(before)
+
+
+def _flushes() -> int:
+    return torchneuron.fusion_stats()["flushes"]
+
+
+def test_ops_are_recorded_and_run_when_a_value_is_read(fused):
+    x = torch.arange(12.0).reshape(3, 4).to(DEV)
+    fusion.flush()
+    before = _flushes()
+    y = (x * 2 + 1).relu().sum(0)
+    assert fusion.is_pending(y.untyped_storage()._neuron_payload.buf)
+    assert _flushes() == before  # nothing ran yet
+    assert y.cpu().tolist() == ((torch.arange(12.0).reshape(3, 4) * 2 + 1).relu().sum(0)).tolist()
+    assert _flushes() == before + 1
+
+
+@pytest.mark.parametrize("sync", [
+    lambda y: y.sum().item(),
+    lambda y: y.cpu(),
+    lambda y: str(y),
+    lambda y: bool(y.sum() > 0),
+    lambda y: y.tolist(),
+    lambda y: torch.nonzero(y),  # a data-dependent output shape
+    lambda y: torch.neuron.synchronize(),
+    lambda y: torch.save(y, io.BytesIO()),
+    lambda y: torch.ops.tn_test.cpu_only_scale(y, 2.0),  # a CPU fallback (tests/conftest.py)
+])
+def test_every_sync_point_runs_the_trace(fused, sync):
+    x = torch.randn(5, 3).to(DEV)
+    fusion.flush()
+    before = _flushes()
+    y = x.exp() - 1
+    assert _flushes() == before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sync(y)
+    # str() goes on computing on the now-real y (formatting), which may flush again
+    assert _flushes() >= before + 1
+    assert not fusion.is_pending(y.untyped_storage()._neuron_payload.buf)
+    torch.testing.assert_close(y.cpu(), x.cpu().exp() - 1)
+
+
+def _program(device):
+    """Views, in-place writes through views, aliasing and out=, as a user program mixes them."""
+    torch.manual_seed(0)
+    a = torch.randn(6, 8).to(device)
+    b = torch.randn(8, 6).to(device)
+    c = a @ b
+    v = c[1:4, ::2]  # a strided view
+    v.mul_(3).add_(1)  # written through the view: c changes
+    t = a.t()
+    t[2:5].clamp_(min=-0.5, max=0.5)  # a write through a transposed view of a
+    d = torch.empty(6, 6, device=device)
+    torch.add(c, a @ b, alpha=0.5, out=d)
+    e = d.view(36)[::5].clone()
+    e.sub_(e.mean())
+    f = torch.where(c > 0, c, -c).cumsum(1)
+    return [a, b, c, d, e, f, a.sum(1, keepdim=True).expand(6, 3).contiguous()]
+
+
+def test_fused_results_equal_op_by_op_and_cpu(fused):
+    cpu = _program("cpu")
+    fused_results = [r.cpu() for r in _program(DEV)]
+    unfused = _unfused(lambda: [r.cpu() for r in _program(DEV)])
+    for c, f, u in zip(cpu, fused_results, unfused):
+        torch.testing.assert_close(f, u, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(f, c, rtol=1e-5, atol=1e-5)
+
+
+def test_views_data_ptr_and_base_behave_as_op_by_op(fused):
+    x = torch.zeros(4, 4, device=DEV)
+    row = x[1]
+    row.add_(5)
+    assert row._base is x and row.data_ptr() == x.data_ptr() + 4 * 4
+    assert row.storage_offset() == 4
+    assert x.sum().item() == 20.0
+
+
+def _random_sequence(seed: int, device: str) -> list[torch.Tensor]:
+    """A seeded random run of out-of-place ops, views and in-place writes through views on int64
+    tensors, so fused, op-by-op and CPU must agree exactly."""
+    import random
+
+    rnd = random.Random(seed)
+    base = torch.arange(48, dtype=torch.int64).reshape(6, 8).to(device)
+    live = [base, base.clone() * 3]
+    for _ in range(25):
+        a = live[rnd.randrange(len(live))]
+        b = live[rnd.randrange(len(live))]
+        choice = rnd.randrange(8)
+        if choice == 0 and a.shape == b.shape:
+            live.append(a + b)
+        elif choice == 1:
+            live.append(a * rnd.randint(-3, 3))
+        elif choice == 2 and a.dim() == 2:
+            live.append(a.t())  # a view
+        elif choice == 3 and a.dim() == 2 and a.shape[0] > 1:
+            live.append(a[1:])  # a view with an offset
+        elif choice == 4:
+            a.add_(rnd.randint(1, 5))  # writes through to every alias of a's storage
+        elif choice == 5 and a.dim() == 2:
+            a[:, :1].mul_(2)  # in place through a strided view
+        elif choice == 6:
+            live.append(a.sum(0, keepdim=a.dim() > 1))
+        else:
+            live.append(torch.where(a > 20, a, -a))
+    return live
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_op_sequences_with_views_equal_op_by_op(fused, seed):
+    cpu = _random_sequence(seed, "cpu")
+    fused_results = [t.cpu() for t in _random_sequence(seed, DEV)]
+    unfused = _unfused(lambda: [t.cpu() for t in _random_sequence(seed, DEV)])
+    assert len(cpu) == len(fused_results) == len(unfused)
+    for c, f, u in zip(cpu, fused_results, unfused):
+        assert torch.equal(f, u) and torch.equal(f, c)
+
+
+def test_random_streams_equal_op_by_op(fused):
+    def draws():
+        torch.manual_seed(123)
+        x = torch.randn(64, device=DEV)
+        y = torch.nn.functional.dropout(torch.ones(64, device=DEV), 0.5)
+        z = torch.rand(8, device=DEV)
+        return [x.cpu(), y.cpu(), z.cpu()]
+
+    for f, u in zip(draws(), _unfused(draws)):
+        assert torch.equal(f, u)
+
+
+def test_dead_intermediates_are_not_kept(fused):
+    x = torch.randn(32, 32, device=DEV)
+    fusion.flush()
+    before = torchneuron.fusion_stats()
+    for i in range(20):
+        y = x * (i + 1)  # each y dies when the next one is made
+    last = y.sum()
+    assert last.item() == pytest.approx((x.cpu() * 20).sum().item(), rel=1e-5)
+    after = torchneuron.fusion_stats()
+    assert after["ops"] - before["ops"] == 21
+    # only the live ones leave the program: the twentieth y and `last`, not the 19 dead ys
+    assert after["values_kept"] - before["values_kept"] == 2
+    allocated = torch.neuron.memory_allocated()
+    del y, last
+    assert torch.neuron.memory_allocated() < allocated  # accounting follows the live tensors
+
+
+def test_index_errors_raise_at_the_call_naming_the_op(fused):
+    x = torch.randn(4, 3, device=DEV)
+    bad = torch.tensor([0, 7], device=DEV)
+    with pytest.raises(IndexError, match=r"index_select.*test_fusion\.py:\d+"):
+        torch.index_select(x, 0, bad)
+    ok = torch.index_select(x, 0, torch.tensor([3, 1], device=DEV))  # the next call is fine
+    torch.testing.assert_close(ok.cpu(), x.cpu()[[3, 1]])
+
+
+def test_training_loop_reaches_a_steady_state(fused):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(32, 8).to(DEV), torch.randn(32, 1).to(DEV)
+
+    def step(lr):
+        for group in opt.param_groups:
+            group["lr"] = lr  # a changing scalar must not recompile
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for i in range(3):
+        step(0.1 / (i + 1))
+    compiled = torchneuron.fusion_stats()["compilations"]
+    hits = torchneuron.fusion_stats()["cache_hits"]
+    losses = [step(0.01 * (i + 1)) for i in range(5)]
+    assert torchneuron.fusion_stats()["compilations"] == compiled
+    assert torchneuron.fusion_stats()["cache_hits"] >= hits + 5
+    assert losses[-1] < losses[0]
+
+
+def _parity(name: str) -> None:
+    from test_training_parity import RECIPES, train  # tests/test_training_parity.py
+
+    fused_losses, fused_state = train(RECIPES[name], DEV)
+    unfused_losses, unfused_state = _unfused(lambda: train(RECIPES[name], DEV))
+    # the tolerance the project accepts between eager and compiled (tests/test_training_parity.py):
+    # a fused program may round a reduction differently, and Adam amplifies that over the steps
+    torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(unfused_losses),
+                               rtol=1e-4, atol=0)
+    for key, value in fused_state.items():
+        torch.testing.assert_close(value, unfused_state[key], rtol=0, atol=1e-3)
+
+
+def test_parity_model_fused_and_op_by_op_agree(fused):
+    _parity("mlp-sgd-nesterov-for-loop")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp-sgd-nesterov-foreach", "cnn-adam-foreach",
+                                  "transformer-adamw-for-loop-clip", "lstm-adamw-foreach-clip"])
+def test_every_parity_model_fused_and_op_by_op_agree(fused, name):
+    _parity(name)
+
+
+def test_fused_program_cache_has_a_budget(fused, monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_FUSION_PROGRAMS", "3")
+    before = torchneuron.fusion_stats()["evictions"]
+    for n in range(2, 10):
+        (torch.ones(n, 3, device=DEV) * 2 + 1).sum(0).cpu()
+    assert len(fusion._PROGRAMS) <= 3
+    assert torchneuron.fusion_stats()["evictions"] - before >= 5
+
+
+def test_eager_signatures_per_op_have_a_budget(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_EAGER_SIGNATURES", "4")
+    add = plan.plan_for(torch.ops.aten.add.Tensor)
+    for n in range(1, 12):
+        (torch.ones(n, 2, device=DEV) + torch.ones(n, 2, device=DEV)).cpu()
+    assert len(add.cache) <= 4
+
+
+_LAUNCH_BLOCKING = """
+    import torch, torchneuron
+    from torchneuron.runtime import fusion
+    x = torch.ones(3, device="neuron")
+    y = x + 1
+    print("RECORDING", fusion.recording(), fusion.is_pending(y.untyped_storage()._neuron_payload.buf))
+"""
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"TORCHNEURON_LAUNCH_BLOCKING": "1"}, "RECORDING False False"),
+    ({"TORCHNEURON_FUSION": "0"}, "RECORDING False False"),
+    ({}, "RECORDING True True"),
+])
+def test_launch_blocking_and_fusion_switches(env, expected):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_LAUNCH_BLOCKING)],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert expected in proc.stdout

@@ -1,0 +1,68 @@
+"""Arguments of other devices (runtime/signature.py): CUDA's rules. CPU index tensors (and
+masks) of advanced indexing are moved to the device; 0-dim CPU tensors are scalars
+everywhere; any other CPU tensor among a device op's arguments is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchneuron  # noqa: F401  (registers the neuron device)
+
+DEV = "neuron"
+_IDX = torch.tensor([0, 2, 2])
+_MASK = torch.tensor([True, False, True, False, True])
+
+
+def _same_as_cpu(fn) -> None:
+    expected = fn(torch.arange(5.0))
+    result = fn(torch.arange(5.0, device=DEV))
+    assert result.device.type == DEV
+    torch.testing.assert_close(result.cpu(), expected)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[_IDX],
+    lambda x: x[_MASK],
+    lambda x: x.reshape(5, 1)[_IDX, torch.tensor([0])],
+    lambda x: x.__setitem__(_IDX, 7.0) or x,
+    lambda x: x.__setitem__(_MASK, torch.tensor(7.0)) or x,
+    lambda x: x.index_put_((_IDX,), torch.tensor(5.0), accumulate=True),
+    lambda x: x.index_put_((_IDX,), torch.tensor([1.0, 2.0, 3.0], device=x.device)),
+    lambda x: x.__setitem__(_IDX, x[_IDX] + 1) or x,
+], ids=["index", "mask", "two_indices", "setitem", "setitem_mask", "index_put_accumulate",
+        "index_put_values_on_device", "getitem_setitem"])
+def test_cpu_index_tensors_are_accepted(fn):
+    _same_as_cpu(fn)
+
+
+def test_cpu_index_tensors_in_backward():
+    x, xd = torch.arange(5.0, requires_grad=True), torch.arange(5.0, device=DEV, requires_grad=True)
+    x[_IDX].sum().backward()
+    xd[_IDX].sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x + torch.tensor(2.0),
+    lambda x: torch.tensor(2.0) < x,
+    lambda x: torch.where(x > 1, x, torch.tensor(0.0)),
+    lambda x: x.masked_fill(x > 2, torch.tensor(9.0)),
+    lambda x: x.clamp(torch.tensor(1.0), torch.tensor(3.0)),
+    lambda x: torch.lerp(x, x * 2, torch.tensor(0.5)),
+    lambda x: x.fill_(torch.tensor(3.0)),
+    lambda x: x[torch.tensor(1)],
+], ids=["add", "lt", "where", "masked_fill", "clamp", "lerp", "fill_", "index_0d"])
+def test_cpu_scalars_are_accepted(fn):
+    _same_as_cpu(fn)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.index_put_((_IDX,), torch.tensor([1.0, 2.0, 3.0])),  # CPU values
+    lambda x: x.index_select(0, _IDX),
+    lambda x: x.gather(0, _IDX),
+    lambda x: x + torch.ones(5),
+], ids=["index_put_cpu_values", "index_select", "gather", "add"])
+def test_other_cpu_tensors_are_refused_as_on_cuda(fn):
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        fn(torch.arange(5.0, device=DEV))
