@@ -30,12 +30,15 @@ from ..lowerings.registry import index_exception
 from ..runtime import fusion, opcall, platform, rng, signature, storage, strided, transfer
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
-from . import disk_cache, support
+from . import disk_cache, host_updates, support
 from .stats import STATS, bump
 
 aten = torch.ops.aten
 _NOT_RANDOM = Lowering(fn=None)
 _HOST_ARRAY = "host array"  # signature key tag of a CPU tensor input (not 0-dim)
+# Part of every on-disk key: version 2 drops the entries stored from JAX's own cache, which
+# cannot run (compiler/disk_cache.py `compile_lowered`).
+_DISK_FORMAT = "graph executables 2"
 
 
 class LoweringError(RuntimeError):
@@ -461,9 +464,12 @@ class CompiledGraph:
         disk_key = self._disk_key(key, lowered)
         executable = self._load_from_disk(disk_key)
         if executable is None:
-            executable = lowered.compile()
-            bump("xla_compilations")
-            self._store_on_disk(disk_key, executable)
+            executable, from_jax_cache = disk_cache.compile_lowered(lowered)
+            if from_jax_cache:
+                bump("disk_cache_hits")
+            else:
+                bump("xla_compilations")
+                self._store_on_disk(disk_key, executable)
         entry = (executable, list(layouts), list(messages))
         self.executables[cache_key] = entry
         while len(self.executables) > self.max_shapes:
@@ -478,7 +484,7 @@ class CompiledGraph:
     def _disk_key(self, key: tuple, lowered) -> str:
         text = lowered.as_text()
         h = hashlib.sha256()
-        for part in (__version__, torch.__version__, jax.__version__, platform.platform_name(),
+        for part in (_DISK_FORMAT, __version__, torch.__version__, jax.__version__, platform.platform_name(),
                      self.graph_digest, repr(key), text):
             h.update(part.encode())
             h.update(b"\0")
