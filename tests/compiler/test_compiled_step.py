@@ -139,3 +139,49 @@ def test_host_time_of_a_compiled_call_beyond_its_executable():
     bare = _process_us_per_call(lambda: executable([], inputs, []))
     total = _process_us_per_call(lambda: compiled(x))
     assert total - bare <= 30, f"compiled call {total:.1f} us, executable alone {bare:.1f} us"
+
+
+def test_step_counters_are_computed_on_the_host_without_waiting_for_the_executable(monkeypatch):
+    # AdamW keeps its step counters in 0-dim CPU tensors; reading them back from the
+    # executable would make every optimizer call wait for it to finish.
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3, device=DEV, requires_grad=True),
+              torch.randn(3, device=DEV, requires_grad=True)]
+    reference = [p.detach().cpu().clone().requires_grad_() for p in params]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    opt_ref = torch.optim.AdamW(reference, lr=1e-2)
+    step = torch.compile(opt.step, backend="neuron")
+    for p, r in zip(params, reference):
+        p.grad = torch.ones_like(p)
+        r.grad = torch.ones_like(r)
+    step()  # compiles
+    (graph,) = set(_graphs_called(step))
+    assert graph.host_updates is not None and len(graph.host_updates.targets) == len(params)
+    reads = []
+    original_get = graph_module.jax.device_get
+    monkeypatch.setattr(graph_module.jax, "device_get", lambda x: reads.append(x) or original_get(x))
+    step()
+    assert reads == []  # nothing read back to the host
+    for _ in range(3):
+        opt_ref.step()
+    for p, r in zip(params, reference):
+        assert opt.state[p]["step"].device.type == "cpu"
+        assert opt.state[p]["step"].item() == opt_ref.state[r]["step"].item() == 3
+        torch.testing.assert_close(p.detach().cpu(), r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _graphs_called(fn) -> list:
+    """The CompiledGraphs one more call of `fn` runs."""
+    seen = []
+    original = graph_module.CompiledGraph.__call__
+
+    def spy(self, *args):
+        seen.append(self)
+        return original(self, *args)
+
+    graph_module.CompiledGraph.__call__ = spy
+    try:
+        fn()
+    finally:
+        graph_module.CompiledGraph.__call__ = original
+    return seen

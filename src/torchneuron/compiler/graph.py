@@ -268,6 +268,14 @@ class CompiledGraph:
         self.strict = bool(options.get("strict", False))
         self.donate = bool(options.get("donate", True))
         self.interpreter = GraphInterpreter(gm)  # raises LoweringError if not lowerable
+        # Writes into CPU inputs computed from CPU inputs alone (optimizer step counters): the
+        # host computes them, so no call waits for its executable to read them back.
+        self.host_updates = host_updates.find(self.interpreter.nodes,
+                                              self.interpreter.placeholders,
+                                              self.interpreter.mutations)
+        on_host = set(self.host_updates.targets) if self.host_updates else set()
+        # The mutated inputs whose new values the executable returns, in that order.
+        self.mutation_order = [i for i in sorted(self.interpreter.mutations) if i not in on_host]
         self.executables: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.graph_digest = _graph_digest(gm)
         # Outputs that are graph inputs as they came in (AOTAutograd saves parameters for the
@@ -316,6 +324,8 @@ class CompiledGraph:
             for bad, message in zip(checks, messages):
                 if bool(bad):
                     raise index_exception(message)
+        if self.host_updates is not None:
+            self.host_updates.apply(args)
         if writes:
             self._apply_mutations(key, args, writes)
         return self._wrap(outputs, out_layouts, args)
@@ -323,7 +333,7 @@ class CompiledGraph:
     def _apply_mutations(self, key: tuple, args, writes: list) -> None:
         aliased = key[-1][0]
         host = []
-        for index, new in zip(sorted(self.interpreter.mutations), writes):
+        for index, new in zip(self.mutation_order, writes):
             dst = args[index]
             if not isinstance(dst, torch.Tensor):
                 raise RuntimeError("torchneuron.compile: the graph mutates a non-tensor input")
@@ -342,7 +352,10 @@ class CompiledGraph:
             values = jax.device_get([new for _, new in host])
             with torch.no_grad():
                 for (dst, _), value in zip(host, values):
-                    dst.copy_(torch.from_numpy(np.asarray(value).copy()).reshape(dst.shape))
+                    if dst.dim() == 0:
+                        dst.fill_(value.item())  # a step counter: no tensor to build
+                    else:
+                        dst.copy_(torch.from_numpy(np.asarray(value).copy()).reshape(dst.shape))
 
     # -- inputs ----------------------------------------------------------------------------
     def _signature(self, args: list):
@@ -446,7 +459,7 @@ class CompiledGraph:
             # The new contents of each mutated input: its whole storage buffer for a device
             # tensor (the call swaps it in, no copy), the value itself for anything else.
             writes = []
-            for index in sorted(mutated):
+            for index in self.mutation_order:
                 value = mutated[index]
                 if index in raw and not aliased:
                     buf, offset, spec = raw[index]
