@@ -254,8 +254,9 @@ def write_doc(lines: list[str]) -> None:
     section = "\n".join([SECTION, "", *lines]) + "\n"
     if SECTION in text:
         before, rest = text.split(SECTION, 1)
-        # The section runs to the next top-level heading (others may append their own).
-        nxt = rest.find("\n# ")
+        # The generated part runs to the next heading: the notes kept under their own
+        # subheadings (levers tried, other benchmarks) stay.
+        nxt = rest.find("\n#")
         after = rest[nxt + 1:] if nxt >= 0 else ""
         text = before + section + ("\n" + after if after else "")
     else:
