@@ -9,6 +9,9 @@ Options (`torch.compile(..., options={...})`):
   XLA compiles once per distinct concrete input shape, and at most this many stay loaded.
 - `strict` (bool, default False): raise instead of running a graph that cannot be lowered in
   eager mode on the device.
+- `donate` (bool, default True): the executable overwrites the storage buffers of the inputs
+  a graph mutates (parameters and optimizer state in a compiled step), in place, instead of
+  writing new ones; `False` keeps every input buffer intact (for debugging).
 """
 
 from __future__ import annotations
@@ -17,28 +20,15 @@ from typing import Any
 
 import torch
 from functorch.compile import make_boxed_func
-from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 
-from ..lowerings import LOWERINGS
-from ..lowerings.registry import DECOMPOSITIONS
+from . import advisories
 from .graph import CompiledGraph, LoweringError, eager_graph
+from .support import graph_decompositions
 
-KNOWN_OPTIONS = {"max_shapes", "strict"}
+KNOWN_OPTIONS = {"donate", "max_shapes", "strict"}
 
-
-def _decompositions() -> dict:
-    """PyTorch's core-ATen decompositions, plus the project's that are marked for graphs,
-    minus every op with a lowering."""
-    table = dict(core_aten_decompositions())
-    for op, decomposition in DECOMPOSITIONS.items():
-        if decomposition.in_graphs:
-            table[op] = decomposition.fn
-    # Keep ops we lower natively as single nodes: XLA fuses them better than their pieces.
-    for op in list(table):
-        if op in LOWERINGS:
-            del table[op]
-    return table
+advisories.install()
 
 
 def _graph_compiler(options: dict[str, Any]):
@@ -46,7 +36,7 @@ def _graph_compiler(options: dict[str, Any]):
         try:
             return make_boxed_func(CompiledGraph(gm, options))
         except LoweringError as err:
-            return make_boxed_func(eager_graph(gm, f"{err.op_name} cannot be lowered ({err})", options))
+            return make_boxed_func(eager_graph(gm, err, options))
 
     return compile_graph
 
@@ -65,7 +55,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs: Any):
     return aot_autograd(
         fw_compiler=compiler,
         bw_compiler=compiler,
-        decompositions=_decompositions(),
+        decompositions=graph_decompositions(),
         # Input mutations (optimizer state, BatchNorm running statistics) stay in the graph
         # as copy_ nodes: the executable writes them, instead of one eager copy_ per input.
         keep_inference_input_mutations=True,

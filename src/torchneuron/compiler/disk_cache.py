@@ -15,7 +15,10 @@ import hashlib
 import os
 import pickle
 import tempfile
+import threading
 from pathlib import Path
+
+import jax.monitoring
 
 from .. import config
 
@@ -103,3 +106,37 @@ def discard(key: str) -> None:
             path.unlink()
         except FileNotFoundError:
             pass
+
+
+# JAX's own on-disk cache (runtime/platform.py turns it on for eager programs) would also
+# take and serve `Lowered.compile()` of a graph. An executable it loaded cannot be serialized
+# again whole (a later process that runs the copy fails with "Function ... not found"), and
+# one cache per program is enough: graphs are compiled with JAX's cache writes off (a
+# thread-local setting), and one JAX serves all the same (an entry written before) is not
+# stored here. JAX reports a hit as a monitoring event, on the compiling thread.
+_JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_hits = threading.local()
+try:
+    from jax._src.config import persistent_cache_min_compile_time_secs as _min_compile_time
+except ImportError:  # another JAX: its cache may hold graphs too, the hit check still holds
+    _min_compile_time = None
+
+
+def _count_jax_cache_hits(event: str, **_kwargs) -> None:
+    if event == _JAX_CACHE_HIT:
+        _hits.count = getattr(_hits, "count", 0) + 1
+
+
+jax.monitoring.register_event_listener(_count_jax_cache_hits)
+
+
+def compile_lowered(lowered) -> tuple[object, bool]:
+    """(executable, whether JAX's on-disk cache served it: then it must not be stored)."""
+    before = getattr(_hits, "count", 0)
+    if _min_compile_time is None:
+        executable = lowered.compile()
+    else:
+        with _min_compile_time(float("inf")):  # JAX writes no entry for it
+            executable = lowered.compile()
+    return executable, getattr(_hits, "count", 0) != before
+

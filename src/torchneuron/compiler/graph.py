@@ -21,26 +21,53 @@ import numpy as np
 import torch
 import torch.fx
 from jax.experimental import serialize_executable
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import __version__, config
-from ..lowerings import LOWERINGS, overrides
+from ..lowerings import LOWERINGS, Lowering, overrides
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from ..lowerings.registry import index_exception
-from ..runtime import fusion, opcall, platform, rng, signature, storage, strided
+from ..runtime import fusion, opcall, platform, rng, signature, storage, strided, transfer
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
-from . import disk_cache
-from .stats import bump
+from . import disk_cache, host_updates, support
+from .stats import STATS, bump
 
 aten = torch.ops.aten
+_NOT_RANDOM = Lowering(fn=None)
+_HOST_ARRAY = "host array"  # signature key tag of a CPU tensor input (not 0-dim)
+# Part of every on-disk key: version 2 drops the entries stored from JAX's own cache, which
+# cannot run (compiler/disk_cache.py `compile_lowered`).
+_DISK_FORMAT = "graph executables 2"
 
 
 class LoweringError(RuntimeError):
-    """A node of the graph has no lowering (or its lowering failed to trace)."""
+    """A node of the graph cannot be lowered: `reason` says why, `location` where in the
+    user's source the op comes from."""
 
     def __init__(self, node: torch.fx.Node, reason: str) -> None:
-        super().__init__(f"{node.target}: {reason}")
         self.op_name = str(node.target)
+        self.reason = reason
+        self.location = source_location(node)
+        where = f" (from {self.location})" if self.location else ""
+        super().__init__(f"{self.op_name}{where}: {reason}")
+
+
+def source_location(node: torch.fx.Node) -> str:
+    """The innermost user frame a node was traced from: 'file.py:12 in forward: code'."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            # 'File "/path/model.py", line 12, in forward' followed by the code line
+            parts = lines[i].split('"')
+            path = parts[1] if len(parts) > 2 else lines[i]
+            rest = parts[2] if len(parts) > 2 else ""
+            lineno = rest.split("line", 1)[-1].split(",")[0].strip()
+            func = rest.split(" in ", 1)[-1].strip() if " in " in rest else ""
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            return f"{path}:{lineno} in {func}: {code}".rstrip(": ")
+    return ""
 
 
 _SYM_FUNCTIONS = {
@@ -87,7 +114,8 @@ class GraphInterpreter:
         }
         self.rng_nodes = [
             n for n in self.nodes
-            if n.op == "call_function" and n.target in LOWERINGS and LOWERINGS[n.target].rng
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and (support.graph_lowering(n.target) or _NOT_RANDOM).rng
         ]
         self._check_lowerable()
 
@@ -99,24 +127,28 @@ class GraphInterpreter:
                     continue
                 if target in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
                     continue
+                if target in support.CHECKS:
+                    continue
                 if target is aten.copy_.default:
                     if node.args[0] not in self.placeholders:
-                        raise LoweringError(node, "copy_ into an intermediate value")
+                        raise LoweringError(node, "it copies into an intermediate value")
                     continue
-                if _is_foreach(target):
-                    if _foreach_base(target) is None:
-                        raise LoweringError(node, "no lowering")
+                if support.is_foreach(target):
+                    if support.foreach_base(target) is None:
+                        raise LoweringError(node, "it has no lowering")
                     continue
-                lowering = LOWERINGS.get(target)
-                if lowering is None:
-                    raise LoweringError(node, "no lowering")
-                if not lowering.jit:
-                    raise LoweringError(node, "data-dependent output shape")
+                if not isinstance(target, torch._ops.OpOverload):
+                    raise LoweringError(node, "it is not an ATen op")
+                refusal = support.op_refusal(target)
+                if refusal is not None:
+                    raise LoweringError(node, refusal)
+                lowering = support.graph_lowering(target)
                 if lowering.only_when is not None:
                     plan = plan_for(target)
                     arguments = dict(zip(plan.arg_names, _examples(plan, node.args, node.kwargs)))
                     if not lowering.only_when(arguments):
-                        raise LoweringError(node, "this mode of the op is not lowered")
+                        raise LoweringError(node, "this mode of the op is not lowered "
+                                            "(eager mode runs it on CPU or decomposes it)")
             elif node.op in ("call_module", "call_method"):
                 raise LoweringError(node, f"unsupported FX node kind {node.op}")
 
@@ -158,6 +190,11 @@ class GraphInterpreter:
             if target is aten.sym_stride.int:
                 env[node] = _val(node)
                 continue
+            if target in support.CHECKS:
+                # Metadata and range assertions the tracer has already proven for the
+                # shapes this executable serves; a dependency token where one is returned.
+                env[node] = jnp.zeros((), bool) if isinstance(_val(node), torch.Tensor) else None
+                continue
             if target is aten.copy_.default:
                 dst_node, value = node.args[0], args[1]
                 meta = _val(dst_node)
@@ -167,7 +204,7 @@ class GraphInterpreter:
                 if mutated is not None:
                     mutated[slot[dst_node]] = value
                 continue
-            if _is_foreach(target):
+            if support.is_foreach(target):
                 env[node] = self._foreach(node, target, args, kwargs)
                 continue
             env[node] = self._call(node, target, args, kwargs, draw_iter, checks)
@@ -175,7 +212,7 @@ class GraphInterpreter:
 
     def _foreach(self, node, target, args, kwargs):
         """A `_foreach_*` op (compiled optimizers): the per-tensor lowering, once per element."""
-        base = _foreach_base(target)
+        base = support.foreach_base(target)
         lowering = LOWERINGS[base]
         plan = plan_for(base)
         lists = [i for i, a in enumerate(node.args) if isinstance(a, list | tuple)]
@@ -195,7 +232,7 @@ class GraphInterpreter:
         return results
 
     def _call(self, node, target, args, kwargs, draw_iter, checks):
-        return self._invoke(node, plan_for(target), LOWERINGS[target], args, kwargs,
+        return self._invoke(node, plan_for(target), support.graph_lowering(target), args, kwargs,
                             (node.args, node.kwargs), draw_iter, checks, _val(node))
 
     def _invoke(self, node, plan, lowering, args, kwargs, arg_nodes, draw_iter, checks, meta):
@@ -221,40 +258,6 @@ class GraphInterpreter:
         return opcall.cast_results(result, meta)
 
 
-def _is_foreach(target) -> bool:
-    packet = getattr(target, "_overloadpacket", None)
-    return packet is not None and packet.__name__.startswith("_foreach_")
-
-
-# Per-element overloads to try for each `_foreach_*` overload, in order.
-_FOREACH_OVERLOADS = {
-    "default": ("default",),
-    "Scalar": ("Tensor", "Tensor_Scalar", "default"),
-    "ScalarList": ("Tensor", "Tensor_Scalar", "default"),
-    "List": ("Tensor", "Tensor_Tensor", "default"),
-    "Tensor": ("Tensor", "Tensor_Tensor"),
-    "ScalarAndTensor": ("Scalar",),
-}
-
-
-def _foreach_base(target):
-    """The per-tensor op a `_foreach_*` overload applies, when it has a usable lowering."""
-    name = target._overloadpacket.__name__[len("_foreach_"):]
-    packet = getattr(aten, name, None)
-    if packet is None or name in ("copy", "zero", "norm"):
-        return None
-    if packet in (aten.addcmul, aten.addcdiv) and target._overloadname != "Scalar" and \
-            target._overloadname != "ScalarList":
-        return None
-    for overload in _FOREACH_OVERLOADS.get(target._overloadname, ()):
-        op = getattr(packet, overload, None)
-        if op is not None and op in LOWERINGS:
-            lowering = LOWERINGS[op]
-            if lowering.jit and not lowering.rng and lowering.index_error is None:
-                return op
-    return None
-
-
 class CompiledGraph:
     """The callable handed back to AOTAutograd for one forward or backward graph."""
 
@@ -263,7 +266,16 @@ class CompiledGraph:
         self.options = options
         self.max_shapes = int(options.get("max_shapes", 16))
         self.strict = bool(options.get("strict", False))
+        self.donate = bool(options.get("donate", True))
         self.interpreter = GraphInterpreter(gm)  # raises LoweringError if not lowerable
+        # Writes into CPU inputs computed from CPU inputs alone (optimizer step counters): the
+        # host computes them, so no call waits for its executable to read them back.
+        self.host_updates = host_updates.find(self.interpreter.nodes,
+                                              self.interpreter.placeholders,
+                                              self.interpreter.mutations)
+        on_host = set(self.host_updates.targets) if self.host_updates else set()
+        # The mutated inputs whose new values the executable returns, in that order.
+        self.mutation_order = [i for i in sorted(self.interpreter.mutations) if i not in on_host]
         self.executables: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.graph_digest = _graph_digest(gm)
         # Outputs that are graph inputs as they came in (AOTAutograd saves parameters for the
@@ -285,10 +297,10 @@ class CompiledGraph:
         bump("graphs_compiled")
 
     def __call__(self, *args) -> list:
-        key, inputs, tensor_slots = self._signature(args)
+        key, inputs = self._signature(args)
         if fusion.any_pending(inputs):  # recorded eager ops produce some inputs: run them
             fusion.flush()
-            key, inputs, tensor_slots = self._signature(args)
+            key, inputs = self._signature(args)
         # An executable traced under lowering overrides (torchneuron.library.override) serves
         # only calls under the same overrides.
         cache_key = (key, overrides.token())
@@ -297,21 +309,31 @@ class CompiledGraph:
             entry = self._build(key, inputs, args, cache_key)
         else:
             self.executables.move_to_end(cache_key)
-            bump("memory_cache_hits")
+            STATS.memory_cache_hits += 1  # the hot path: no lock for a statistic
         executable, out_layouts, messages = entry
-        draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes]
-        outputs, checks, writes = executable(inputs, draws)
-        for bad, message in zip(checks, messages):
-            if bool(bad):
-                raise index_exception(message)
+        draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes] \
+            if self.interpreter.rng_nodes else []
+        donated = key[-1][1]
+        if donated:
+            # Eager ops recorded for fusion may still read a buffer this call overwrites.
+            fusion.flush()
+            outputs, checks, writes = executable(*_split(inputs, donated), draws)
+        else:
+            outputs, checks, writes = executable([], inputs, draws)
+        if messages:
+            for bad, message in zip(checks, messages):
+                if bool(bad):
+                    raise index_exception(message)
+        if self.host_updates is not None:
+            self.host_updates.apply(args)
         if writes:
             self._apply_mutations(key, args, writes)
         return self._wrap(outputs, out_layouts, args)
 
     def _apply_mutations(self, key: tuple, args, writes: list) -> None:
-        aliased = key[-1]
+        aliased = key[-1][0]
         host = []
-        for index, new in zip(sorted(self.interpreter.mutations), writes):
+        for index, new in zip(self.mutation_order, writes):
             dst = args[index]
             if not isinstance(dst, torch.Tensor):
                 raise RuntimeError("torchneuron.compile: the graph mutates a non-tensor input")
@@ -330,34 +352,52 @@ class CompiledGraph:
             values = jax.device_get([new for _, new in host])
             with torch.no_grad():
                 for (dst, _), value in zip(host, values):
-                    dst.copy_(torch.from_numpy(np.asarray(value).copy()).reshape(dst.shape))
+                    if dst.dim() == 0:
+                        dst.fill_(value.item())  # a step counter: no tensor to build
+                    else:
+                        dst.copy_(torch.from_numpy(np.asarray(value).copy()).reshape(dst.shape))
 
     # -- inputs ----------------------------------------------------------------------------
     def _signature(self, args: list):
+        """(key, inputs): the executable's cache key and its input list. The key's last entry
+        is (aliased, donated): whether two mutated inputs share a storage, and the positions
+        in `inputs` of the storage buffers the executable may overwrite (donate)."""
         key = []
-        inputs = []
-        slots = []
-        for value in args:
+        inputs: list = []
+        mutations = self.interpreter.mutations
+        buffer_at = {}  # mutated placeholder -> position of its storage buffer in `inputs`
+        for index, value in enumerate(args):
             if isinstance(value, torch.Tensor):
-                key.append(signature.tensor_key(value, inputs))
-                slots.append(True)
+                if value.device.type == "cpu" and value.dim() > 0:
+                    # A host tensor the graph moves to the device itself (`batch.to("neuron")`
+                    # inside the compiled function): its values are the executable's input.
+                    inputs.append(transfer.cpu_to_numpy(value))
+                    key.append((_HOST_ARRAY, value.dtype, tuple(value.shape)))
+                    continue
+                start = len(inputs)
+                k = signature.tensor_key(value, inputs)
+                key.append(k)
+                if index in mutations and isinstance(k[0], torch.dtype):
+                    buffer_at[index] = start
             else:
                 # SymInt inputs arrive as Python ints: one executable per concrete value.
                 key.append(("static", value if not isinstance(value, torch.SymInt) else int(value)))
-                slots.append(False)
-        # Mutated inputs sharing a storage cannot each swap in a whole buffer: then the
-        # executable returns the values and they are copied in one by one.
         aliased = False
-        if self.interpreter.mutations:
-            seen = set()
-            for index in self.interpreter.mutations:
-                value = args[index]
-                if _is_device_tensor(value):
-                    ptr = value.untyped_storage()._cdata
-                    aliased = aliased or ptr in seen
-                    seen.add(ptr)
-        key.append(aliased)
-        return tuple(key), inputs, slots
+        donated: tuple[int, ...] = ()
+        if mutations:
+            # Mutated inputs sharing a storage cannot each swap in a whole buffer: then the
+            # executable returns the values and they are copied in one by one.
+            storages = [args[i].untyped_storage()._cdata for i in mutations
+                        if _is_device_tensor(args[i])]
+            aliased = len(set(storages)) != len(storages)
+            if self.donate and not aliased and buffer_at:
+                # A buffer the executable overwrites must reach it once, and only through
+                # the tensor it writes (a parameter read through another input keeps its
+                # buffer, and the write is a copy).
+                uses = collections.Counter(id(x) for x in inputs)
+                donated = tuple(sorted(p for p in buffer_at.values() if uses[id(inputs[p])] == 1))
+        key.append((aliased, donated))
+        return tuple(key), inputs
 
     def _placeholder_values(self, key: tuple, inputs) -> tuple[list, dict]:
         """Inside the trace: each placeholder's value, and placeholder index -> (flat buffer,
@@ -368,6 +408,8 @@ class CompiledGraph:
         for index, k in enumerate(key[:-1]):
             if k[0] == "static":
                 values.append(k[1])
+            elif k[0] == _HOST_ARRAY:
+                values.append(jnp.asarray(next(it)))
             elif isinstance(k[0], torch.dtype):  # a plain neuron tensor: keep its buffer
                 buf = next(it)
                 spec = k[1]
@@ -381,13 +423,13 @@ class CompiledGraph:
     # -- building --------------------------------------------------------------------------
     def _build(self, key: tuple, inputs: list, args: list, cache_key: tuple):
         start = time.perf_counter()
-        aliased = key[-1]
+        aliased, donated = key[-1]
         out_nodes = self._output_metas()
         layouts: list = []
         messages: list = []
 
-        def fn(inputs, draws):
-            values, raw = self._placeholder_values(key, inputs)
+        def fn(donated_buffers, kept, draws):
+            values, raw = self._placeholder_values(key, _merge(donated_buffers, kept, donated))
             mutated: dict = {}
             outputs, checks = self.interpreter.run(values, draws, mutated)
             flat = []
@@ -404,7 +446,12 @@ class CompiledGraph:
                     flat.append(None)
                 elif isinstance(out, jax.Array | jax.core.Tracer) and hasattr(out, "shape"):
                     stride = _concrete_stride(meta, out.shape)
-                    layouts.append(("tensor", _torch_dtype(meta, out), tuple(out.shape), stride))
+                    dtype = _torch_dtype(meta, out)
+                    shape = tuple(out.shape)
+                    # A graph may compute values for the host (`.cpu()`, `.tolist()`'s source)
+                    kind = "host" if _on_host(meta) else "tensor"
+                    nbytes = storage.storage_size_for(shape, stride) * dtype.itemsize
+                    layouts.append((kind, dtype, shape, stride, nbytes))
                     flat.append(strided.to_memory_order(out, stride))
                 else:
                     layouts.append(("value", out))
@@ -412,7 +459,7 @@ class CompiledGraph:
             # The new contents of each mutated input: its whole storage buffer for a device
             # tensor (the call swaps it in, no copy), the value itself for anything else.
             writes = []
-            for index in sorted(mutated):
+            for index in self.mutation_order:
                 value = mutated[index]
                 if index in raw and not aliased:
                     buf, offset, spec = raw[index]
@@ -422,16 +469,20 @@ class CompiledGraph:
             messages[:] = [message for _, message in checks]
             return flat, [bad for bad, _ in checks], writes
 
-        jitted = jax.jit(fn)
+        # Donated buffers (parameters, optimizer state) are overwritten in place by XLA.
+        jitted = jax.jit(fn, donate_argnums=(0,))
         draws = [rng.split_draw((0, 0)) for _ in self.interpreter.rng_nodes]
-        traced = jitted.trace(inputs, draws)
+        traced = jitted.trace(*_split(inputs, donated), draws)
         lowered = traced.lower()
         disk_key = self._disk_key(key, lowered)
         executable = self._load_from_disk(disk_key)
         if executable is None:
-            executable = lowered.compile()
-            bump("xla_compilations")
-            self._store_on_disk(disk_key, executable)
+            executable, from_jax_cache = disk_cache.compile_lowered(lowered)
+            if from_jax_cache:
+                bump("disk_cache_hits")
+            else:
+                bump("xla_compilations")
+                self._store_on_disk(disk_key, executable)
         entry = (executable, list(layouts), list(messages))
         self.executables[cache_key] = entry
         while len(self.executables) > self.max_shapes:
@@ -446,7 +497,7 @@ class CompiledGraph:
     def _disk_key(self, key: tuple, lowered) -> str:
         text = lowered.as_text()
         h = hashlib.sha256()
-        for part in (__version__, torch.__version__, jax.__version__, platform.platform_name(),
+        for part in (_DISK_FORMAT, __version__, torch.__version__, jax.__version__, platform.platform_name(),
                      self.graph_digest, repr(key), text):
             h.update(part.encode())
             h.update(b"\0")
@@ -495,8 +546,15 @@ class CompiledGraph:
                 _, index, size, stride, offset = layout
                 results.append(args[index].as_strided(size, stride, offset))
                 continue
-            _, dtype, shape, stride = layout
-            results.append(storage.new_tensor(shape, dtype, stride, buf))
+            kind, dtype, shape, stride, nbytes = layout
+            if kind == "host":
+                flat = transfer.numpy_to_cpu(np.array(buf), dtype)
+                results.append(flat.as_strided(shape, stride))
+                continue
+            # storage.new_tensor, with the storage size worked out when the executable was built
+            tensor = torch._C._acc.create_empty_tensor(shape, dtype)
+            results.append(storage.attach(tensor, storage.new_storage(nbytes, dtype, buf), 0,
+                                          shape, stride))
         return results
 
 
@@ -533,8 +591,26 @@ def _view_of_input(node, slot: dict):
     return slot[base], size, stride, offset
 
 
+def _split(inputs: list, donated: tuple[int, ...]) -> tuple[list, list]:
+    """(the donated inputs, the others), both in order."""
+    chosen = set(donated)
+    return [inputs[i] for i in donated], [x for i, x in enumerate(inputs) if i not in chosen]
+
+
+def _merge(donated_buffers: list, kept: list, donated: tuple[int, ...]) -> list:
+    """The inverse of `_split`."""
+    merged = list(kept)
+    for position, buf in zip(donated, donated_buffers):  # ascending positions
+        merged.insert(position, buf)
+    return merged
+
+
 def _is_device_tensor(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == NEURON
+
+
+def _on_host(meta) -> bool:
+    return isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
 
 
 def _torch_dtype(meta, out) -> torch.dtype:
@@ -556,6 +632,12 @@ def _concrete_stride(meta, shape) -> tuple[int, ...]:
 
 
 def _graph_digest(gm: torch.fx.GraphModule) -> str:
+    # AOTAutograd calls the backend with its fake mode active; constants are real tensors.
+    with unset_fake_temporarily():
+        return _digest(gm)
+
+
+def _digest(gm: torch.fx.GraphModule) -> str:
     h = hashlib.sha256(gm.code.encode())
     for name, buf in list(gm.named_buffers()) + list(gm.named_parameters()):
         h.update(name.encode())
@@ -568,14 +650,22 @@ def _graph_digest(gm: torch.fx.GraphModule) -> str:
     return h.hexdigest()
 
 
-def eager_graph(gm: torch.fx.GraphModule, reason: str, options: dict[str, Any]):
-    """Run the graph op by op on the device (the fallback when it cannot be compiled)."""
+_WARNED: set[tuple[str, str]] = set()
+
+
+def eager_graph(gm: torch.fx.GraphModule, error: LoweringError, options: dict[str, Any]):
+    """Run the graph op by op on the device (the fallback when it cannot be compiled); warned
+    once per op and source line, counted in `compile_stats()["eager_fallbacks"]`."""
     if options.get("strict") or config.strict():
-        raise RuntimeError(f"torchneuron.compile: cannot lower the graph: {reason}")
-    warnings.warn(
-        f"torchneuron.compile: graph runs in eager mode on the device because {reason}",
-        stacklevel=2,
-    )
+        raise RuntimeError(f"torchneuron.compile: cannot lower the graph: {error}")
+    if (error.op_name, error.location) not in _WARNED:
+        _WARNED.add((error.op_name, error.location))
+        where = f" (from {error.location})" if error.location else ""
+        warnings.warn(
+            f"torchneuron.compile: a graph runs op by op in eager mode on the device because "
+            f"{error.op_name}{where} cannot be lowered: {error.reason}",
+            stacklevel=2,
+        )
     bump("eager_fallbacks")
 
     def run(*args):

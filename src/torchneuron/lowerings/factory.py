@@ -79,6 +79,45 @@ def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, n if m is None else m, dtype=_dtype(dtype))
 
 
+# ---- allocation and copies inside compiled graphs ------------------------------------------
+# Eager mode runs these through the runtime's own kernels (runtime/handlers.py), which own
+# storages; inside a graph a value has no storage, so allocation is a fresh array and a copy
+# within the device is a dtype cast. Layout is not a value's property here: a graph's outputs
+# are laid out in the strides of its fake tensors when the executable returns them.
+
+
+@lowers(aten.empty.memory_format, static=("size",), graph_only=True)
+def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    # Uninitialized memory in eager mode; zeros here (XLA removes them when overwritten).
+    return jnp.zeros(tuple(size), _dtype(dtype))
+
+
+@lowers(aten.empty_strided.default, static=("size", "stride"), graph_only=True)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), _dtype(dtype))
+
+
+@lowers(aten.empty_permuted.default, static=("size", "physical_layout"), graph_only=True)
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None,
+                   pin_memory=None):
+    return jnp.zeros(tuple(size), _dtype(dtype))
+
+
+@lowers(aten._to_copy.default, graph_only=True)
+def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    # A dtype cast (`.float()`, `.to(torch.bfloat16)`). Inside one executable every value is
+    # an XLA array, so a copy between the host and the device changes nothing here: the
+    # graph's outputs are handed back on the device their fake tensors name.
+    x = jnp.asarray(self)
+    if dtype is None:
+        return x  # values are immutable inside a trace: the copy is the value itself
+    target = to_jax_dtype(dtype)
+    if jnp.iscomplexobj(x) and not jnp.issubdtype(target, jnp.complexfloating):
+        x = jnp.real(x)  # PyTorch drops the imaginary part (with a warning, at trace time)
+    return x.astype(target)
+
+
 # ---- out= variants ---------------------------------------------------------------------
 # CPU's kernels keep an out= tensor that already has the right number of elements, whatever
 # its shape and strides, and fill it in its logical order (`arange(4., out=x.t())`); only

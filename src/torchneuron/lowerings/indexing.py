@@ -25,7 +25,7 @@ import torch
 from jax import lax
 
 from .dtypes import scalar_type_name
-from .registry import lowers
+from .registry import graph_form, lowers
 
 aten = torch.ops.aten
 INDEX = jnp.int64
@@ -203,7 +203,28 @@ def _raise_first_bad(x, positions, arrays, bad) -> None:
     raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
 
 
-@lowers(aten.index.Tensor, jit=False)
+# Inside compiled graphs the shapes are static: integer indices gather and scatter traced,
+# with their range check reported through `index_error` (the eager forms raise PyTorch's
+# message naming the bad index; a graph knows only that one was out of range).
+_GRAPH_INDEX_ERROR = "index out of range in an advanced index of a compiled graph"
+
+
+def _is_mask(t) -> bool:
+    return t is not None and t.dtype in (torch.bool, torch.uint8)
+
+
+def _integer_indices(arguments: dict) -> bool:
+    return not any(_is_mask(t) for t in arguments["indices"])
+
+
+def _index_in_graph(x, indices):
+    x, positions, arrays = _expand_indices(x, indices, concrete=False)
+    out, bad = _gather_nd(x, arrays, positions)
+    return out, jnp.any(bad)
+
+
+@lowers(aten.index.Tensor, jit=False, graph_form=graph_form(
+    _index_in_graph, index_error=_GRAPH_INDEX_ERROR, only_when=_integer_indices))
 def index(x, indices):
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _gather_nd(x, arrays, positions)
@@ -217,7 +238,42 @@ def unsafe_index(x, indices):
     return x[_key(x.ndim, positions, arrays)]
 
 
-@lowers(aten.index_put.default, jit=False)
+def _index_put_in_graph_accepts(arguments: dict) -> bool:
+    # Integer indices, or one boolean mask written with a single value (`x[mask] = 0`).
+    indices = [t for t in arguments["indices"] if t is not None]
+    masks = [t for t in indices if _is_mask(t)]
+    if not masks:
+        return True
+    values = arguments["values"]
+    return len(indices) == 1 and values is not None and values.numel() == 1
+
+
+def _index_put_in_graph(x, indices, values, accumulate=False):
+    mask_at = [i for i, t in enumerate(indices) if t is not None and t.dtype in (jnp.bool_, jnp.uint8)]
+    if mask_at:
+        # The mask's dimensions follow the `None`s before it; the value fills where it is set.
+        dim = mask_at[0]
+        mask = jnp.asarray(indices[dim]).astype(bool)
+        mask = mask.reshape((1,) * dim + mask.shape + (1,) * (x.ndim - dim - mask.ndim))
+        value = jnp.asarray(values).reshape(()).astype(x.dtype)
+        if not accumulate:
+            out = jnp.where(mask, value, x)
+        elif x.dtype == jnp.bool_:
+            out = x | (mask & value)
+        else:
+            out = x + jnp.where(mask, value, jnp.zeros((), x.dtype))
+        return out, jnp.zeros((), bool)
+    x0 = x
+    x, positions, arrays = _expand_indices(x, indices, concrete=False)
+    out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
+    return out.reshape(x0.shape), jnp.any(bad)
+
+
+_INDEX_PUT_IN_GRAPHS = graph_form(_index_put_in_graph, index_error=_GRAPH_INDEX_ERROR,
+                                  only_when=_index_put_in_graph_accepts)
+
+
+@lowers(aten.index_put.default, jit=False, graph_form=_INDEX_PUT_IN_GRAPHS)
 def index_put(x, indices, values, accumulate=False):
     _check_same_dtype(x, values, "Index put requires the source and destination dtypes match, "
                                  "got {self} for the destination and {source} for the source.")
@@ -228,16 +284,15 @@ def index_put(x, indices, values, accumulate=False):
     return out.reshape(x0.shape)
 
 
-@lowers(aten._index_put_impl.default, jit=False)
+def _index_put_impl_in_graph(x, indices, values, accumulate=False, unsafe=False):
+    return _index_put_in_graph(x, indices, values, accumulate)
+
+
+@lowers(aten._index_put_impl.default, jit=False, graph_form=graph_form(
+    _index_put_impl_in_graph, index_error=_GRAPH_INDEX_ERROR,
+    only_when=_index_put_in_graph_accepts))
 def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return index_put(x, indices, values, accumulate)
-
-
-@lowers(aten._unsafe_index_put.default)
-def unsafe_index_put(x, indices, values, accumulate=False):
-    x0 = x
-    x, positions, arrays = _expand_indices(x, indices, concrete=_is_concrete(x))
-    return _scatter_nd_impl(x, arrays, values, positions, bool(accumulate))[0].reshape(x0.shape)
 
 
 # ---- gather / scatter ------------------------------------------------------------------

@@ -208,3 +208,11 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, gen
     negative = x < 0
     new_noise = jnp.where(negative, slopes, jnp.ones((), x.dtype)).astype(noise.dtype)
     return jnp.where(negative, x * slopes, x), new_noise.reshape(noise.shape)
+
+
+@lowers(aten.rand.default, rng=True, static=("size",), graph_only=True)
+def rand(size, *, dtype=None, layout=None, device=None, pin_memory=None, key):
+    # Eager mode runs rand's composite kernel (empty + uniform_); a graph draws directly.
+    jdtype = to_jax_dtype(dtype or torch.get_default_dtype())
+    sample_dtype = jnp.float32 if jdtype in (jnp.float16, jnp.bfloat16) else jdtype
+    return jax.random.uniform(key, tuple(size), sample_dtype).astype(jdtype)

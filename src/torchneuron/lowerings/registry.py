@@ -75,6 +75,10 @@ class Lowering:
     # For `jit=False` ops: the strides of the result given its shape, where CPU's kernel
     # returns another layout than contiguous (nonzero's (n, ndim) result has strides (1, n)).
     result_strides: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None
+    # For `jit=False` ops: the record compiled graphs use instead (a traceable function for
+    # the calls its `only_when` accepts: `index.Tensor` with integer indices), from
+    # `graph_form(...)`.
+    graph_form: Lowering | None = None
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -96,6 +100,7 @@ def lowers(
     direct_kernels: tuple[OpOverload, ...] = (),
     graph_only: bool = False,
     result_strides: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None,
+    graph_form: Lowering | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each ATen overload in `ops` (fields: see `Lowering`)."""
     if promote is not None and not isinstance(promote, ELEMENTWISE_TYPE_PROMOTION_KIND):
@@ -105,7 +110,7 @@ def lowers(
         entry = Lowering(
             in_opmath(fn) if opmath else fn, promote, frozenset(static), jit, rng, index_error,
             meta, tuple(contiguity), opmath, only_when, tuple(writes), aliases_input,
-            tuple(direct_kernels), graph_only, result_strides,
+            tuple(direct_kernels), graph_only, result_strides, graph_form,
         )
         for op in ops:
             if op in LOWERINGS:
@@ -114,6 +119,17 @@ def lowers(
         return fn
 
     return register
+
+
+def graph_form(
+    fn: Callable,
+    *,
+    index_error: str | tuple[type[Exception], str] | None = None,
+    only_when: Callable[[dict], bool] | None = None,
+) -> Lowering:
+    """The traceable record of a `jit=False` op for compiled graphs (`lowers(graph_form=)`):
+    `fn` takes the op's arguments as the eager function does."""
+    return Lowering(fn, index_error=index_error, only_when=only_when, graph_only=True)
 
 
 def index_exception(index_error: str | tuple[type[Exception], str]) -> Exception:

@@ -119,3 +119,25 @@ def diag_embed(x, offset=0, dim1=-2, dim2=-1):
         perm[dst] = src
     perm[d1], perm[d2] = ndim - 2, ndim - 1
     return jnp.transpose(out, perm)
+
+
+@lowers(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    # The backward of slicing: one dynamic-update-slice for XLA (PyTorch's decomposition
+    # builds a mask and a masked gather over the whole input instead).
+    if x.ndim == 0:
+        return jnp.asarray(src, x.dtype).reshape(())
+    dim %= x.ndim
+    start, end, _ = slice(start, end, step).indices(x.shape[dim])
+    end = max(end, start)
+    index = [slice(None)] * x.ndim
+    index[dim] = slice(start, end, step)
+    return x.at[tuple(index)].set(jnp.asarray(src).astype(x.dtype))
+
+
+@lowers(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    dim %= x.ndim
+    position = [slice(None)] * x.ndim
+    position[dim] = index % x.shape[dim]
+    return x.at[tuple(position)].set(jnp.asarray(src).astype(x.dtype))

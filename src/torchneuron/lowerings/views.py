@@ -156,12 +156,25 @@ def unfold(x, dimension, size, step):
 @lowers(aten.as_strided.default, aten.as_strided_copy.default)
 def as_strided(x, size, stride, storage_offset=None):
     # In a functional graph the input is the storage: index its flat, contiguous values.
-    flat = x.reshape(-1)
+    return x.reshape(-1)[_strided_indices(size, stride, storage_offset)]
+
+
+def _strided_indices(size, stride, storage_offset):
+    """The flat storage index of each element of a strided view."""
     idx = storage_offset or 0
     for dim, (n, st) in enumerate(zip(size, stride)):
         if n != 1 and st != 0:
             idx = idx + lax.broadcasted_iota(jnp.int64, tuple(size), dim) * st
-    return flat[jnp.broadcast_to(idx, tuple(size))]
+    return jnp.broadcast_to(idx, tuple(size))
+
+
+@lowers(aten.as_strided_scatter.default, graph_only=True)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    # AOTAutograd writes a mutated input that shares its storage with another input through
+    # its base (`b = a[:4]; a.add_(1)`): like `as_strided`, the input is the storage.
+    flat = x.reshape(-1)
+    idx = _strided_indices(size, stride, storage_offset)
+    return flat.at[idx].set(jnp.asarray(src).astype(flat.dtype)).reshape(x.shape)
 
 
 @lowers(aten.view_as_real.default)
@@ -187,3 +200,9 @@ def view_dtype(x, dtype):
     ratio = target.itemsize // x.dtype.itemsize
     grouped = x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio))
     return lax.bitcast_convert_type(grouped, target)
+
+
+@lowers(aten._conj.default, graph_only=True)
+def conj_in_graph(x):
+    # Eager mode sets the lazy conjugate bit of a view; a graph computes the values.
+    return jnp.conj(x)
