@@ -21,6 +21,7 @@ from pathlib import Path
 import jax.monitoring
 
 from .. import config
+from ..runtime import disk_budget
 
 _MAGIC = b"TNXC1\n"
 
@@ -76,27 +77,9 @@ def store(key: str, value) -> None:
         except FileNotFoundError:
             pass
         raise
-    prune(path.parent, int(config.raw("TORCHNEURON_DISK_CACHE_BYTES")))
+    disk_budget.prune(path.parent, int(config.raw("TORCHNEURON_DISK_CACHE_BYTES")),
+                      pattern="*.bin")
 
-
-def prune(directory: Path, max_bytes: int) -> None:
-    """Remove the least recently used entries until the directory holds at most `max_bytes`."""
-    entries = []
-    for entry in directory.glob("*.bin"):
-        try:
-            info = entry.stat()
-        except FileNotFoundError:  # another process removed it
-            continue
-        entries.append((info.st_mtime, info.st_size, entry))
-    total = sum(size for _mtime, size, _entry in entries)
-    for _mtime, size, entry in sorted(entries, key=lambda e: e[0]):
-        if total <= max_bytes:
-            break
-        try:
-            entry.unlink()
-        except FileNotFoundError:
-            pass
-        total -= size
 
 
 def discard(key: str) -> None:
