@@ -39,3 +39,22 @@ def test_out_of_another_dtype_computes_as_cpu(fn) -> None:
     result = fn(_HALF.to("neuron"))
     assert result.dtype == expected.dtype
     torch.testing.assert_close(result.cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.mul])
+def test_an_integer_op_into_a_float_out_computes_in_the_integer_type(op):
+    # CPU computes in the operands' type (uint8 wraps around) and only then casts to out's
+    a = torch.tensor([5, 200], dtype=torch.uint8)
+    b = torch.tensor([8, 100], dtype=torch.uint8)
+    expected = op(a, b, out=torch.empty(2, dtype=torch.float64))
+    out = torch.empty(2, dtype=torch.float64, device="neuron")
+    op(a.to("neuron"), b.to("neuron"), out=out)
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_an_out_of_another_dtype_after_recorded_ops():
+    # CPU's check of the out= dtype reads the arguments, which runs the recorded trace first
+    x = torch.tensor([1.001, 1e-3, 3.1], dtype=torch.half)
+    out = torch.empty(3).to("neuron")
+    torch.add(x.to("neuron"), x.to("neuron") * 1e-3, out=out)
+    assert torch.equal(out.cpu(), torch.add(x, x * 1e-3, out=torch.empty(3)))

@@ -55,6 +55,10 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
         except Exception as err:
             raise_as_on_cpu(plan.op, args, kwargs, err)
         _remember(plan, cache_key, ex)
+        if fusion.any_pending(inputs):
+            # Building may have run the recorded trace (CPU's check of an out= dtype reads the
+            # arguments): read the inputs again, from the values that trace stored.
+            key, inputs = signature.arguments_key(plan, values)
     if ex.writes:
         inputs += executable.write_inputs(ex, values)
     if lowering.rng:

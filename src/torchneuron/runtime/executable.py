@@ -167,7 +167,15 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
             static_values[plan.arg_names.index("dtype")] = out_dtypes.dtype
     compute_dtype = None
     if lowering.promote is not None:
-        compute_dtype = promotion_dtype(lowering.promote, promotion_operands(plan, to_meta(values)))
+        metas = to_meta(values)
+        # Integer arithmetic runs in the operands' type whatever out= holds (CPU's uint8 sub
+        # wraps around before the cast to a float out=); a floating result may be computed in
+        # out's wider type and rounded to its own (OutDtypes), as CPU's result is.
+        compute_dtype = promotion_dtype(lowering.promote,
+                                        promotion_operands(plan, metas, include_out=False))
+        if compute_dtype is not None and (compute_dtype.is_floating_point
+                                          or compute_dtype.is_complex):
+            compute_dtype = promotion_dtype(lowering.promote, promotion_operands(plan, metas))
     # In-place and out= variants run the functional lowering, which returns the new values
     # outputs first; a lowering of this very overload returns them in schema order.
     slots = write_slots(plan, values, plan.mutated if direct else plan.write_order)

@@ -81,12 +81,14 @@ def flatten_results(result) -> list:
     return [result]
 
 
-def promotion_operands(plan: OpPlan, examples: list) -> list:
+def promotion_operands(plan: OpPlan, examples: list, include_out: bool = True) -> list:
     """The operands PyTorch's elementwise type promotion looks at, from a call's bound
-    values given as examples (meta or fake tensors, Python numbers)."""
+    values given as examples (meta or fake tensors, Python numbers); `alpha` is not one, and
+    out= tensors only with `include_out`."""
     operands = []
-    for kind, value in zip(plan.kinds, examples):
-        if value is None:
+    skip = set() if include_out else set(plan.out_args)
+    for i, (kind, value) in enumerate(zip(plan.kinds, examples)):
+        if value is None or i in skip or plan.arg_names[i] == "alpha":
             continue
         if kind == TENSOR:
             operands.append(value)

@@ -94,7 +94,9 @@ def functional_overload(op: OpOverload) -> OpOverload | None:
         return None
     if packet_name != name:  # in-place: same overload name
         return getattr(packet, op._overloadname, None)
-    wanted = [a.name for a in schema.arguments if not (a.kwarg_only and a.alias_info and a.alias_info.is_write)]
+    wanted = [(a.name, str(a.type)) for a in schema.arguments
+              if not (a.kwarg_only and a.alias_info and a.alias_info.is_write)]
+    by_name = None
     for overload_name in packet.overloads():
         candidate = getattr(packet, overload_name)
         if candidate is op:
@@ -102,9 +104,12 @@ def functional_overload(op: OpOverload) -> OpOverload | None:
         cand_schema = candidate._schema
         if any(a.alias_info and a.alias_info.is_write for a in cand_schema.arguments):
             continue
-        if [a.name for a in cand_schema.arguments] == wanted:
+        args = [(a.name, str(a.type)) for a in cand_schema.arguments]
+        if args == wanted:  # names and types: clamp.Tensor_out -> clamp.Tensor, not clamp
             return candidate
-    return None
+        if by_name is None and [n for n, _ in args] == [n for n, _ in wanted]:
+            by_name = candidate
+    return by_name
 
 
 def inplace_overload(op: OpOverload) -> OpOverload | None:
