@@ -41,7 +41,9 @@ def constant_pad_nd(x, pad, value=0):
 
 @lowers(aten.flip.default)
 def flip(x, dims):
-    return jnp.flip(x, axis=tuple(dims)) if dims else x
+    # A 0-d tensor takes dim 0 or -1, as if it were 1-d (the meta kernel checks the range);
+    # flipping it is the identity, and jnp.flip rejects the axis.
+    return jnp.flip(x, axis=tuple(dims)) if dims and x.ndim else x
 
 
 @lowers(aten.roll.default)
