@@ -43,7 +43,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="file of node ids (one a line) that are not run again")
     group.addoption("--upstream-timeout", type=float, default=0.0,
                     help="seconds per test (setup + call + teardown); 0: none")
-    group.addoption("--upstream-shard", default="", help="K/N: every N-th test from K")
+    group.addoption("--upstream-shard", default="", help="K/N: the tests whose key hashes to K of N")
+    group.addoption("--upstream-max-rss-mb", type=float, default=0.0,
+                    help="stop after the test that leaves the process above this size; the"
+                    " runner starts a new process for the rest")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -100,6 +103,7 @@ class _Recorder:
         path = config.getoption("upstream_records")
         self.out = open(path, "a", buffering=1) if path else None
         self.timeout = config.getoption("upstream_timeout")
+        self.max_rss = config.getoption("upstream_max_rss_mb") * 2**20
         self.reports: dict[str, list] = {}
         self.exc: dict[str, dict] = {}
         self.started: dict[str, float] = {}
@@ -128,9 +132,12 @@ class _Recorder:
             (keep if cls is not None and issubclass(cls, base) else drop).append(item)
         shard = config.getoption("upstream_shard")
         if shard:
+            # By the device-free key, so that the CPU and neuron runs pick the same tests.
             k, n = (int(x) for x in shard.split("/"))
-            drop += [it for i, it in enumerate(keep) if i % n != k]
-            keep = [it for i, it in enumerate(keep) if i % n == k]
+            mine = {it.nodeid: results.shard_of(results.test_key(it.nodeid, self.device), n) == k
+                    for it in keep}
+            drop += [it for it in keep if not mine[it.nodeid]]
+            keep = [it for it in keep if mine[it.nodeid]]
         collected = len(keep)
         done_path = config.getoption("upstream_done")
         if done_path and os.path.exists(done_path):
@@ -201,12 +208,24 @@ class _Recorder:
         if fallback:
             rec["fallback_ops"] = fallback
         self._write(rec)
+        if self.max_rss and _rss() > self.max_rss:
+            # Compiled executables accumulate over thousands of tests: start afresh.
+            self._write({"event": "recycle", "rss_mb": round(_rss() / 2**20)})
+            item.session.shouldstop = "upstream: process above --upstream-max-rss-mb"
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         self._write({"event": "finished", "exitstatus": int(exitstatus), "t": time.time()})
         if self.out is not None:
             self.out.close()
             self.out = None
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def _fallback_counts() -> dict[str, int]:

@@ -13,6 +13,7 @@ import collections
 import fnmatch
 import json
 import re
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,12 @@ def test_key(nodeid: str, device: str) -> str:
         m = matches[-1]
         name = name[: m.start()] + "_<dev>" + name[m.end():]
     return f"{file}::{cls}::{name}"
+
+
+def shard_of(key: str, n: int) -> int:
+    """Which of n shards a test belongs to: a hash of its device-free key, the same in every
+    process and on every device (Python's hash() of a str is salted per process)."""
+    return zlib.crc32(key.encode()) % n
 
 
 def combine_outcomes(reports: Iterable[tuple[str, str, bool]]) -> str:

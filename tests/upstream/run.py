@@ -48,6 +48,7 @@ SELECTIONS = {"test_ops": "TestCommon"}
 DEFAULT_TIMEOUT = 120.0
 KILL_GRACE = 60.0  # beyond the per-test timeout: the test is stuck outside Python; kill
 MAX_RESTARTS = 200
+MAX_RSS_MB = 4096.0  # two neuron processes and the rest of a 2-core, 23 GB machine
 
 
 @dataclass
@@ -61,6 +62,9 @@ class Task:
     timeout: float
     partial: bool
     kill_grace: float = KILL_GRACE
+    max_rss_mb: float = 0.0
+    recycle: bool = False
+    recycles: int = 0
     proc: subprocess.Popen | None = None
     restarts: int = 0
     started: float = 0.0
@@ -83,6 +87,8 @@ def _pytest_cmd(task: Task, tests_dir: Path, done_file: Path) -> list[str]:
            f"--rootdir={tests_dir}", f"--upstream-device={task.device}",
            f"--upstream-records={task.records}", f"--upstream-timeout={task.timeout:g}",
            f"--upstream-done={done_file}"]
+    if task.max_rss_mb:
+        cmd.append(f"--upstream-max-rss-mb={task.max_rss_mb:g}")
     if task.shard[1] > 1:
         cmd.append(f"--upstream-shard={task.shard[0]}/{task.shard[1]}")
     if task.keyword:
@@ -130,7 +136,9 @@ def _read_new(task: Task) -> None:
         elif event == "test":
             task.done.add(rec["id"])
             task.inflight = None
-        elif event == "collected" and not task.restarts:
+        elif event == "recycle":
+            task.recycle = True
+        elif event == "collected" and not (task.restarts or task.recycles):
             task.collected = rec["count"]
 
 
@@ -177,6 +185,11 @@ def _poll(task: Task, tests_dir: Path) -> bool:
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
         _charge_inflight(task, "crash", f"the test process died ({how})")
         return _restart(task, tests_dir)
+    if task.recycle:  # stopped on purpose (memory): go on with a fresh process
+        task.recycle = False
+        task.recycles += 1
+        _start(task, tests_dir)
+        return False
     _finish(task)
     return True
 
@@ -194,10 +207,11 @@ def _restart(task: Task, tests_dir: Path) -> bool:
 def _finish(task: Task) -> None:
     _append(task, {"event": "run", "file": f"{task.file}.py", "device": task.device,
                    "shard": list(task.shard), "wall_s": round(task.wall, 1),
-                   "restarts": task.restarts, "collected": task.collected,
+                   "restarts": task.restarts, "recycles": task.recycles,
+                   "collected": task.collected,
                    "partial": task.partial})
     print(f"  {task.name}: {len(task.done)} tests in {task.wall:.0f} s"
-          f" ({task.restarts} restarts)", flush=True)
+          f" ({task.restarts} restarts, {task.recycles} fresh processes for memory)", flush=True)
 
 
 def source_info(tests_dir: Path, repo_label: str | None) -> dict:
@@ -247,7 +261,7 @@ def cmd_run(args) -> int:
         for device in devices:
             for k in shard_ids:
                 t = Task(file, device, (k, n), Path(), Path(), keyword, args.timeout, partial,
-                         args.kill_grace)
+                         args.kill_grace, args.max_rss_mb)
                 t.records = out / "records" / f"{t.name}.jsonl"
                 t.log = out / "logs" / f"{t.name}.log"
                 if args.resume and t.records.exists():
@@ -336,6 +350,8 @@ def main() -> int:
     run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per test")
     run.add_argument("--kill-grace", type=float, default=KILL_GRACE,
                      help="seconds past the timeout before a stuck process is killed")
+    run.add_argument("--max-rss-mb", type=float, default=MAX_RSS_MB,
+                     help="a test process above this size is replaced after its test")
     run.add_argument("-k", default="", help="pytest -k expression, added to each file's own")
     run.add_argument("--resume", action="store_true", help="skip the tests already recorded")
     run.add_argument("--update", action="store_true",

@@ -4,6 +4,7 @@ are needed; records are written by hand in the plugin's format."""
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from pathlib import Path
@@ -31,6 +32,14 @@ def test_key_replaces_only_the_device_segment():
     assert cpu == neu == "t.py::T::test_copy_to_cpu_<dev>"
     # No device segment (e.g. an op named like the device is not a segment boundary).
     assert results.test_key("t.py::TCPU::test_cpus", "cpu") == "t.py::T::test_cpus"
+
+
+def test_shards_split_by_key_alike_on_both_devices():
+    cpu = [results.test_key(f"t.py::TCPU::test_{i}_cpu", "cpu") for i in range(200)]
+    neu = [results.test_key(f"t.py::TNEURON::test_{i}_neuron", "neuron") for i in range(200)]
+    assert [results.shard_of(k, 7) for k in cpu] == [results.shard_of(k, 7) for k in neu]
+    sizes = collections.Counter(results.shard_of(k, 4) for k in cpu)
+    assert set(sizes) == {0, 1, 2, 3} and min(sizes.values()) > 30
 
 
 @pytest.mark.parametrize("reports, outcome", [
