@@ -163,8 +163,8 @@ def test_manifest_expected_new_and_stale(records, tmp_path):
     path.write_text(json.dumps([
         {"file": "test_a.py", "test": "T::test_unsupported_*", "kind": "crash",
          "reason": "segfaults in the C++ allocator"},
-        # A value mismatch is reported however the manifest lists it.
-        {"file": "test_a.py", "test": "T::test_bad_value_<dev>", "kind": "harness",
+        # A value mismatch is expected only where what was compared is no computed result.
+        {"file": "test_a.py", "test": "T::test_bad_value_<dev>", "kind": "unsupported",
          "reason": "listed, but a wrong value is never expected"},
         {"file": "test_a.py", "test": "T::test_ok_<dev>", "kind": "unsupported",
          "reason": "passes now"},
@@ -199,7 +199,12 @@ def test_coverage_section_is_replaced_in_place(records, tmp_path):
     groups = results.group_failures(summaries, manifest)
     section = results.render(summaries, groups, manifest, {"repo": "o/r", "commit": "abc"})
     assert "3 of 4 CPU passes (75.00%)" in section
-    assert "value mismatches: 1" in section
+    assert "possible wrong values: 1" in section
+    assert "**possible wrong value**" in section
+    explained = results.Manifest([{"file": "test_a.py", "test": "T::test_bad_value_<dev>",
+                                   "kind": "missing warning", "reason": "len(w) == 1"}])
+    other = results.render(summaries, groups, explained, {})
+    assert "possible wrong values: 0" in other and "not a wrong value (missing warning)" in other
     cov = tmp_path / "COVERAGE.md"
     cov.write_text("# Conformance\n\nbody\n")
     results.write_section(cov, section)
