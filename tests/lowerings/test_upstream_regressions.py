@@ -3,6 +3,9 @@ docs/COVERAGE.md): each compares the neuron result with CPU PyTorch's."""
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
 
 import torchneuron  # noqa: F401
@@ -17,3 +20,33 @@ def test_flip_of_a_zero_dim_tensor_is_the_identity():
         out = x.to(DEV).flip(dims)
         assert out.shape == ()
         torch.testing.assert_close(out.cpu(), x.flip(dims))
+
+
+def test_byte_mask_index_selects_and_warns_as_cpu():
+    # test_indexing test_byte_mask*/test_bool_indices: PyTorch's meta kernel rejected uint8
+    # masks ("tensors used as indices must be ..."); CPU treats them as masks and warns.
+    x = torch.arange(15.0).view(5, 3)
+    mask = torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8)
+    with warnings.catch_warnings(record=True) as cpu_w:
+        warnings.simplefilter("always")
+        expected = x[mask]
+    with warnings.catch_warnings(record=True) as dev_w:
+        warnings.simplefilter("always")
+        out = x.to(DEV)[mask.to(DEV)]
+    torch.testing.assert_close(out.cpu(), expected)
+
+    def deprecations(ws):
+        return [w for w in ws if "torch.uint8 is now deprecated" in str(w.message)]
+
+    assert len(deprecations(dev_w)) == len(deprecations(cpu_w)) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
+def test_index_of_a_dtype_cpu_rejects_raises(dtype):
+    # An int8 index was taken as integer positions on neuron; CPU raises IndexError.
+    x = torch.arange(6.0).view(2, 3)
+    idx = torch.tensor([1, 0], dtype=dtype)
+    with pytest.raises(IndexError, match="tensors used as indices must be long, int, byte or bool"):
+        x[idx]
+    with pytest.raises(IndexError, match="tensors used as indices must be long, int, byte or bool"):
+        x.to(DEV)[idx.to(DEV)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -97,7 +98,7 @@ def _expand_indices(x, indices, concrete: bool):
                 positions.append(dim + j)
                 arrays.append(jnp.asarray(nz, INDEX))
             dim += k
-        elif jnp.issubdtype(idx.dtype, jnp.integer):
+        elif idx.dtype in (jnp.int32, jnp.int64):  # CPU rejects int8/int16/unsigned indices
             if dim >= x.ndim:
                 raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
             positions.append(dim)
@@ -175,8 +176,23 @@ def _raise_first_bad(x, positions, arrays, bad) -> None:
     raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
 
 
-@lowers(aten.index.Tensor, jit=False)
+_BYTE_MASK_WARNING = ("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                      "torch.bool instead.")
+
+
+def _index_meta(x, indices):
+    # PyTorch's meta kernel admits int8 masks where CPU's kernel admits uint8 ("byte") ones
+    # (meta_index_Tensor), so it rejected x[byte_mask]. A uint8 index is a mask, as bool.
+    indices = [i.to(torch.bool) if i is not None and i.dtype == torch.uint8 else i
+               for i in indices]
+    return aten.index.Tensor(x, indices)
+
+
+@lowers(aten.index.Tensor, jit=False, meta=_index_meta)
 def index(x, indices):
+    if any(i is not None and jnp.asarray(i).dtype == jnp.uint8 for i in indices):
+        # CPU's kernel warns on each call (index_put's composite warns on its own).
+        warnings.warn(_BYTE_MASK_WARNING, UserWarning, stacklevel=2)
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _gather_nd(x, arrays, positions)
     _raise_first_bad(x, positions, arrays, bad)
