@@ -44,6 +44,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--upstream-timeout", type=float, default=0.0,
                     help="seconds per test (setup + call + teardown); 0: none")
     group.addoption("--upstream-shard", default="", help="K/N: the tests whose key hashes to K of N")
+    group.addoption("--upstream-max-vm-mb", type=float, default=0.0,
+                    help="address-space limit (RLIMIT_AS) of the process: a test that needs"
+                    " more fails with an allocation error instead of waking the OOM killer")
     group.addoption("--upstream-max-rss-mb", type=float, default=0.0,
                     help="stop after the test that leaves the process above this size; the"
                     " runner starts a new process for the rest")
@@ -55,6 +58,12 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     # Read by instantiate_device_type_tests when each test module is imported (collection).
     os.environ["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = "cpu" if device == "cpu" else "privateuse1"
+    max_vm = config.getoption("upstream_max_vm_mb")
+    if max_vm:
+        import resource
+
+        limit = int(max_vm * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     aliases = compat.install()
     config.pluginmanager.register(_Recorder(config, device, aliases), "upstream-recorder")
 
