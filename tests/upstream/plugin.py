@@ -43,6 +43,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="file of node ids (one a line) that are not run again")
     group.addoption("--upstream-timeout", type=float, default=0.0,
                     help="seconds per test (setup + call + teardown); 0: none")
+    group.addoption("--upstream-partial", action="store_true",
+                    help="a rerun of some tests: its time is not the file's wall time")
     group.addoption("--upstream-shard", default="", help="K/N: the tests whose key hashes to K of N")
     group.addoption("--upstream-max-vm-mb", type=float, default=0.0,
                     help="address-space limit (RLIMIT_AS) of the process: a test that needs"
@@ -118,7 +120,8 @@ class _Recorder:
         self.started: dict[str, float] = {}
         self.fallback_before: dict[str, int] = {}
         self._write({"event": "session", "device": device, "pid": os.getpid(),
-                     "compat_aliases": aliases, "t": time.time()})
+                     "compat_aliases": aliases, "t": time.time(),
+                     "partial": config.getoption("upstream_partial")})
 
     def _write(self, rec: dict) -> None:
         if self.out is not None:

@@ -166,16 +166,29 @@ class FileRun:
         return "" if ran == n else f"{ran}/{n}"
 
 
+def _session_wall(start: float | None, end: float | None, partial: bool) -> float:
+    if start is None or end is None or partial:
+        return 0.0
+    return max(0.0, end - start)
+
+
 def load(paths: Iterable[Path]) -> dict[tuple[str, str], FileRun]:
     """Records files (one per file, device and shard) -> FileRun per (file, device).
 
     A `start` without its `test` record means the process died or hung in that test; the
     runner writes a `crash`/`timeout` record for it, so a start alone is ignored here.
     Later records of a key replace earlier ones (a rerun with -k updates its tests).
+    Wall time is summed over the sessions (test processes) of full runs: from a session's
+    start to the end of its last test, so that interrupted and restarted runs count too.
     """
     runs: dict[tuple[str, str], FileRun] = {}
     for path in sorted(paths):
         device = None
+        file = None
+        wall = 0.0
+        session_t = last_t = start_t = None
+        partial = False
+
         for line in Path(path).read_text().splitlines():
             if not line.strip():
                 continue
@@ -185,21 +198,25 @@ def load(paths: Iterable[Path]) -> dict[tuple[str, str], FileRun]:
                 continue  # a line cut by a kill
             event = rec.get("event")
             if event == "session":
+                wall += _session_wall(session_t, last_t, partial)
                 device = rec["device"]
+                session_t = last_t = rec.get("t")
+                partial = bool(rec.get("partial"))
                 continue
             if event == "run":
-                run = runs.setdefault((rec["file"], rec["device"]),
-                                      FileRun(rec["file"], rec["device"]))
-                if not rec.get("partial"):  # a rerun of some tests adds no wall time
-                    run.wall_s += rec.get("wall_s", 0.0)
+                file = rec["file"]
+                run = runs.setdefault((file, rec["device"]), FileRun(file, rec["device"]))
+                if not rec.get("partial"):
                     run.collected += rec.get("collected", 0)
                 run.restarts += rec.get("restarts", 0)
-                shard = rec.get("shard") or [0, 1]
-                run.shards.add(tuple(shard))
+                run.shards.add(tuple(rec.get("shard") or [0, 1]))
                 continue
             if device is None:
                 continue
-            if event == "collect_error":
+            if event == "start":
+                start_t = rec.get("t")
+                last_t = start_t if start_t is not None else last_t
+            elif event == "collect_error":
                 file = rec["id"].split("::")[0]
                 runs.setdefault((file, device), FileRun(file, device)).collect_errors.append(
                     rec["msg"])
@@ -207,6 +224,11 @@ def load(paths: Iterable[Path]) -> dict[tuple[str, str], FileRun]:
                 file = rec["id"].split("::")[0]
                 run = runs.setdefault((file, device), FileRun(file, device))
                 run.tests[rec["key"]] = rec
+                if start_t is not None:
+                    last_t = start_t + rec.get("seconds", 0.0)
+        wall += _session_wall(session_t, last_t, partial)
+        if file is not None and device is not None:
+            runs.setdefault((file, device), FileRun(file, device)).wall_s += wall
     return runs
 
 

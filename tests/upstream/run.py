@@ -97,6 +97,8 @@ def _pytest_cmd(task: Task, tests_dir: Path, done_file: Path) -> list[str]:
         cmd.append(f"--upstream-max-vm-mb={task.max_rss_mb * MAX_VM_FACTOR:g}")
     if task.shard[1] > 1:
         cmd.append(f"--upstream-shard={task.shard[0]}/{task.shard[1]}")
+    if task.partial:
+        cmd.append("--upstream-partial")
     if task.keyword:
         cmd += ["-k", task.keyword]
     return cmd

@@ -95,9 +95,10 @@ def test_category(rec, cat):
 
 def _write_records(path: Path, device: str, tests: list[tuple[str, str, dict]],
                    wall: float = 10.0) -> None:
-    lines = [{"event": "session", "device": device}]
-    for nodeid, outcome, extra in tests:
-        lines.append({"event": "start", "id": nodeid})
+    lines = [{"event": "session", "device": device, "t": 1000.0}]
+    step = (wall - 0.5) / len(tests)  # the last test ends at 1000 + wall
+    for n, (nodeid, outcome, extra) in enumerate(tests):
+        lines.append({"event": "start", "id": nodeid, "t": 1000.0 + (n + 1) * step})
         lines.append({"event": "test", "id": nodeid, "key": results.test_key(nodeid, device),
                       "outcome": outcome, "seconds": 0.5, **extra})
     lines.append({"event": "run", "file": "test_a.py", "device": device, "shard": [0, 1],
@@ -146,7 +147,8 @@ def test_compare_counts_neuron_failures_where_cpu_passes(records):
 def test_a_later_record_replaces_an_earlier_one(records, tmp_path):
     rerun = tmp_path / "a.neuron.rerun.jsonl"
     rerun.write_text("\n".join(json.dumps(x) for x in [
-        {"event": "session", "device": "neuron"},
+        {"event": "session", "device": "neuron", "t": 5000.0, "partial": True},
+        {"event": "start", "id": "test_a.py::TNEURON::test_no_error_neuron", "t": 5050.0},
         {"event": "test", "id": "test_a.py::TNEURON::test_no_error_neuron",
          "key": "test_a.py::T::test_no_error_<dev>", "outcome": "passed"},
         {"event": "run", "file": "test_a.py", "device": "neuron", "wall_s": 99.0,
