@@ -50,3 +50,31 @@ def test_index_of_a_dtype_cpu_rejects_raises(dtype):
         x[idx]
     with pytest.raises(IndexError, match="tensors used as indices must be long, int, byte or bool"):
         x.to(DEV)[idx.to(DEV)]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_values_must_broadcast_to_the_indexed_part(accumulate):
+    # test_indexing test_index_put_accumulate_empty: values of more dimensions than the
+    # indexed part (leading unit ones too) were squeezed and written; CPU raises.
+    cases = [
+        (torch.zeros(3), (torch.tensor([0, 1]),), torch.ones(1, 2)),
+        (torch.rand([]), (), torch.ones(1)),
+        (torch.zeros(2, 3), (torch.tensor([True, False]),), torch.ones(1, 1, 3)),
+    ]
+    for x, indices, values in cases:
+        with pytest.raises(RuntimeError):  # CPU: "shape mismatch" (or a masked_fill_ message)
+            x.clone().index_put_(indices, values, accumulate=accumulate)
+        dev_indices = tuple(i.to(DEV) for i in indices)
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            x.to(DEV).index_put_(dev_indices, values.to(DEV), accumulate=accumulate)
+
+
+def test_setitem_still_strips_leading_unit_dims_of_the_value():
+    # Python's x[i] = v strips v's leading unit dimensions before calling index_put_.
+    value = torch.arange(3.0).view(1, 1, 1, 3)
+    for index in (torch.tensor([0]), torch.tensor([True, False])):
+        x = torch.zeros(2, 3)
+        x[index] = value
+        d = torch.zeros(2, 3, device=DEV)
+        d[index.to(DEV)] = value.to(DEV)
+        torch.testing.assert_close(d.cpu(), x)

@@ -143,9 +143,19 @@ def _gather_nd(x, arrays, positions):
 
 
 def _indexed_values(target_shape, values, dtype):
+    # The values broadcast to the indexed part, as any operand: index_put raises for values
+    # of more dimensions, unit ones included. (`x[i] = v` strips v's leading unit dimensions
+    # in PyTorch's Python binding, before index_put_ is called.)
     values = jnp.asarray(values).astype(dtype)
-    while values.ndim > len(target_shape) and values.shape[0] == 1:
-        values = values[0]  # PyTorch drops leading unit dimensions of the values
+    try:
+        np.broadcast_shapes(values.shape, tuple(target_shape))
+        ok = values.ndim <= len(target_shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+            f"indexing result of shape {list(target_shape)}")
     return jnp.broadcast_to(values, target_shape)
 
 
