@@ -40,6 +40,18 @@ def test_byte_mask_index_selects_and_warns_as_cpu():
 
     assert len(deprecations(dev_w)) == len(deprecations(cpu_w)) == 1
 
+    # One warning per byte mask (test_multiple_byte_mask).
+    v = torch.randn(5, 7, 3)
+    mask2 = torch.tensor([1, 1, 1], dtype=torch.uint8)
+    with warnings.catch_warnings(record=True) as cpu_w:
+        warnings.simplefilter("always")
+        expected = v[mask, :, mask2]
+    with warnings.catch_warnings(record=True) as dev_w:
+        warnings.simplefilter("always")
+        out = v.to(DEV)[mask.to(DEV), :, mask2.to(DEV)]
+    torch.testing.assert_close(out.cpu(), expected)
+    assert len(deprecations(dev_w)) == len(deprecations(cpu_w)) == 2
+
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
 def test_index_of_a_dtype_cpu_rejects_raises(dtype):

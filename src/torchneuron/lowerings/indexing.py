@@ -200,9 +200,11 @@ def _index_meta(x, indices):
 
 @lowers(aten.index.Tensor, jit=False, meta=_index_meta)
 def index(x, indices):
-    if any(i is not None and jnp.asarray(i).dtype == jnp.uint8 for i in indices):
-        # CPU's kernel warns on each call (index_put's composite warns on its own).
-        warnings.warn(_BYTE_MASK_WARNING, UserWarning, stacklevel=2)
+    for i in indices:
+        if i is not None and jnp.asarray(i).dtype == jnp.uint8:
+            # CPU's kernel warns for each byte mask of each call (index_put's composite
+            # warns on its own).
+            warnings.warn(_BYTE_MASK_WARNING, UserWarning, stacklevel=2)
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _gather_nd(x, arrays, positions)
     _raise_first_bad(x, positions, arrays, bad)
