@@ -90,3 +90,16 @@ def test_setitem_still_strips_leading_unit_dims_of_the_value():
         d = torch.zeros(2, 3, device=DEV)
         d[index.to(DEV)] = value.to(DEV)
         torch.testing.assert_close(d.cpu(), x)
+
+
+@pytest.mark.parametrize("alpha", [False, True, 0, 1, 2])
+def test_bool_add_applies_alpha(alpha):
+    # bool + bool * alpha is `x or (y and alpha)` on CPU; alpha=False was ignored (x or y).
+    # (With an int alpha the runtime promotes the bool tensors to int64 first, counting alpha
+    # as an operand, so alpha=-1 still differs: a runtime bug, in the upstream report.)
+    x = torch.tensor([True, False, True, False])
+    y = torch.tensor([True, True, False, False])
+    expected = torch.add(x, y, alpha=alpha)
+    out = torch.add(x.to(DEV), y.to(DEV), alpha=alpha)
+    assert out.dtype == torch.bool
+    torch.testing.assert_close(out.cpu(), expected)

@@ -220,7 +220,14 @@ lowered_only_when(lambda a: a["self"].is_floating_point(), aten.logit_.default)
 @lowers(aten.add.Tensor, aten.add.Scalar, promote=DEFAULT)
 def add(x, y, alpha=1):
     if x.dtype == jnp.bool_ and jnp.asarray(y).dtype == jnp.bool_:
-        return jnp.logical_or(x, y)
+        # CPU computes x + bool(alpha) * y in bool: x or (y and alpha). PyTorch's meta kernel
+        # checks alpha's type for integer tensors only; CPU rejects a float alpha for bool too.
+        if jnp.issubdtype(jnp.asarray(alpha).dtype, jnp.inexact):
+            raise RuntimeError("For integral input tensors, argument alpha must not be a "
+                               "floating point number.")
+        if _is_one(alpha):
+            return jnp.logical_or(x, y)
+        return jnp.logical_or(x, jnp.logical_and(y, jnp.asarray(alpha) != 0))
     return x + y * alpha if not _is_one(alpha) else x + y
 
 
