@@ -103,3 +103,19 @@ def test_bool_add_applies_alpha(alpha):
     out = torch.add(x.to(DEV), y.to(DEV), alpha=alpha)
     assert out.dtype == torch.bool
     torch.testing.assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_requires_matching_dtypes(accumulate):
+    # test_type_promotion test_indexing_fail: int values were cast into a double tensor;
+    # CPU raises (PyTorch's meta kernel does not check).
+    x = torch.ones(5, 2, dtype=torch.double)
+    indices = (torch.arange(5).view(5, 1), torch.tensor([1]))
+    values = torch.zeros(5, 1, dtype=torch.int)
+    match = "Index put requires the source and destination dtypes match, got Double for the "\
+        "destination and Int for the source"
+    with pytest.raises(RuntimeError, match=match):
+        x.clone().index_put_(indices, values, accumulate=accumulate)
+    with pytest.raises(RuntimeError, match=match):
+        x.to(DEV).index_put_(tuple(i.to(DEV) for i in indices), values.to(DEV),
+                             accumulate=accumulate)

@@ -217,8 +217,28 @@ def unsafe_index(x, indices):
     return x[_key(x.ndim, positions, arrays)]
 
 
+# c10's names for dtypes, as CPU's messages print them.
+_SCALAR_TYPE_NAMES = {
+    jnp.bool_: "Bool", jnp.uint8: "Byte", jnp.int8: "Char", jnp.int16: "Short",
+    jnp.int32: "Int", jnp.int64: "Long", jnp.float16: "Half", jnp.bfloat16: "BFloat16",
+    jnp.float32: "Float", jnp.float64: "Double", jnp.complex64: "ComplexFloat",
+    jnp.complex128: "ComplexDouble",
+}
+
+
+def _scalar_type_name(dtype) -> str:
+    return next((n for t, n in _SCALAR_TYPE_NAMES.items() if jnp.dtype(t) == dtype), str(dtype))
+
+
 @lowers(aten.index_put.default, jit=False)
 def index_put(x, indices, values, accumulate=False):
+    if isinstance(values, jax.Array) and values.dtype != x.dtype:
+        # CPU does not cast the values (a 0-d tensor included); PyTorch's meta kernel lets
+        # them through.
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{_scalar_type_name(x.dtype)} for the destination and "
+            f"{_scalar_type_name(values.dtype)} for the source.")
     x0 = x
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
