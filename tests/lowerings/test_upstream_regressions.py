@@ -119,3 +119,17 @@ def test_index_put_requires_matching_dtypes(accumulate):
     with pytest.raises(RuntimeError, match=match):
         x.to(DEV).index_put_(tuple(i.to(DEV) for i in indices), values.to(DEV),
                              accumulate=accumulate)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda b, f: f - b, lambda b, f: b - 1, lambda b, f: f - True, lambda b, f: True - f,
+    lambda b, f: torch.rsub(b, 1), lambda b, f: torch._foreach_sub([b], 1)])
+def test_subtraction_with_a_bool_operand_raises(fn):
+    # test_foreach test_binary_op_scalar_with_overlapping_tensors (_foreach_sub, bool):
+    # PyTorch's meta kernels reject bool - bool only, CPU any bool operand.
+    b, f = torch.ones(3, dtype=torch.bool), torch.ones(3)
+    match = "Subtraction, the `-` operator, with a bool tensor is not supported"
+    with pytest.raises(RuntimeError, match=match):
+        fn(b, f)
+    with pytest.raises(RuntimeError, match=match):
+        fn(b.to(DEV), f.to(DEV))

@@ -242,8 +242,18 @@ class Manifest:
 
     entries: list[dict]
 
-    KINDS = ("unsupported", "version skew", "harness", "missing error", "error type",
-             "missing warning", "slow", "crash")
+    KINDS = (
+        "unsupported",      # a feature the device lacks: sparse, quantized, complex32, dlpack
+        "cpu operand",      # a CPU (index, 0-d) tensor that CUDA accepts is rejected
+        "missing error",    # CPU raises, neuron computes (no value to be wrong)
+        "error message",    # both raise; the type or the message differs
+        "missing warning",  # a warning CPU gives is not given
+        "version skew",     # the test was written for another torch
+        "harness",          # the test's own assumption does not hold on this device
+        "slow",             # past the per-test timeout
+        "memory",           # past the per-process memory limit
+        "crash",
+    )
     # A failed comparison of values (category "value mismatch") may be listed only when what
     # the test compared is not a computed result: a count of warnings, a harness artefact.
     # Anything else that compares unequal is a possible wrong value and is never expected.

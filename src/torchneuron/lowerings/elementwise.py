@@ -231,12 +231,35 @@ def add(x, y, alpha=1):
     return x + y * alpha if not _is_one(alpha) else x + y
 
 
-@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=DEFAULT)
+def _is_bool(v) -> bool:
+    return v.dtype == torch.bool if isinstance(v, torch.Tensor) else isinstance(v, bool)
+
+
+def _subtraction_meta(tensor_op, scalar_op):
+    """PyTorch's meta kernels reject bool - bool only; CPU rejects any bool operand."""
+
+    def meta(x, y, alpha=1):
+        if _is_bool(x) and _is_bool(y):
+            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                               "supported. Use the `^` or `logical_xor()` operator instead.")
+        if _is_bool(x) or _is_bool(y):
+            raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not "
+                               "supported. If you are trying to invert a mask, use the `~` or "
+                               "`logical_not()` operator instead.")
+        op = tensor_op if isinstance(y, torch.Tensor) else scalar_op
+        return op(x, y, alpha=alpha)
+
+    return meta
+
+
+@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=DEFAULT,
+        meta=_subtraction_meta(aten.sub.Tensor, aten.sub.Scalar))
 def sub(x, y, alpha=1):
     return x - y * alpha if not _is_one(alpha) else x - y
 
 
-@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=DEFAULT)
+@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=DEFAULT,
+        meta=_subtraction_meta(aten.rsub.Tensor, aten.rsub.Scalar))
 def rsub(x, y, alpha=1):
     return y - x * alpha if not _is_one(alpha) else y - x
 
