@@ -276,7 +276,9 @@ def cmd_run(args) -> int:
                     t.done = {json.loads(ln)["id"] for ln in t.records.read_text().splitlines()
                               if '"event": "test"' in ln}
                     t.offset = t.records.stat().st_size
-                elif not args.update:
+                elif args.update and t.records.exists():
+                    t.offset = t.records.stat().st_size  # earlier records stay, unread
+                else:
                     t.records.unlink(missing_ok=True)
                     t.log.unlink(missing_ok=True)
                 tasks.append(t)
