@@ -133,3 +133,60 @@ def test_subtraction_with_a_bool_operand_raises(fn):
         fn(b, f)
     with pytest.raises(RuntimeError, match=match):
         fn(b.to(DEV), f.to(DEV))
+
+
+# ---- random_ and uniform_: CPU's ranges, errors and warnings (test_tensor_creation_ops
+# test_random_default/_to/_from_to/_full_range, test_uniform_from_to) -------------------------
+
+
+@pytest.mark.parametrize("dtype, top", [
+    (torch.float32, 2**24), (torch.float16, 2**11), (torch.bfloat16, 2**8),
+    (torch.float64, 2**53), (torch.int8, 127), (torch.int64, 2**63 - 1), (torch.bool, 1)])
+def test_random_default_covers_cpus_range(dtype, top):
+    # Floating dtypes drew from [0, 2**(digits - 1)], half of CPU's [0, 2**digits]; integer
+    # dtypes missed their largest value.
+    t = torch.empty(4000, dtype=dtype, device=DEV).random_().cpu().double()
+    assert t.min() >= 0 and t.max() <= top
+    assert t.max() >= (top if top < 200 else 0.9 * top)
+
+
+def _outcome(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fn()
+            result = "ok"
+        except Exception as err:  # the comparison is the point: type and message
+            result = f"{type(err).__name__}: {err}"
+    return result, [str(w.message).split(" (Triggered")[0] for w in caught
+                    if "out of bounds" in str(w.message)]
+
+
+@pytest.mark.parametrize("dtype, args", [
+    (torch.int8, (200,)), (torch.int8, (-200, 5)), (torch.int8, (5, 5)),
+    (torch.uint8, (-5, None)), (torch.bool, (0, 3)), (torch.bool, (0, 2)),
+    (torch.float16, (0, 70000)), (torch.float32, (0, 2**30)), (torch.float32, (-(2**30), 5)),
+    (torch.int16, (-(2**63), None)), (torch.int64, (-(2**63), None))])
+def test_random_range_errors_and_warnings_match_cpu(dtype, args):
+    def run(device):
+        t = torch.empty(16, dtype=dtype, device=device)
+        return _outcome(lambda: t.random_(*args))
+
+    cpu = run("cpu")
+    if cpu[0].startswith("RuntimeError: random_full_64_bits"):
+        cpu = ("RuntimeError: random_ over the full 64-bit range handles only int64, double, "
+               "float and bfloat16", cpu[1])
+    assert run(DEV) == cpu
+    # Errors come on every call; the precision warnings only when the executable is built.
+    assert run(DEV) == (cpu[0], cpu[1] if cpu[0] != "ok" else [])
+
+
+@pytest.mark.parametrize("dtype, bounds", [
+    (torch.float32, (2.0, 1.0)), (torch.float16, (-70000.0, 0.0)), (torch.float16, (0.0, 7e4)),
+    (torch.float32, (torch.finfo(torch.float).min, torch.finfo(torch.float).max)),
+    (torch.float64, (-42.0, 42.0))])
+def test_uniform_bounds_checks_match_cpu(dtype, bounds):
+    def run(device):
+        return _outcome(lambda: torch.empty(8, dtype=dtype, device=device).uniform_(*bounds))
+
+    assert run(DEV) == run("cpu")
