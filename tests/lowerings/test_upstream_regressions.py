@@ -190,3 +190,18 @@ def test_uniform_bounds_checks_match_cpu(dtype, bounds):
         return _outcome(lambda: torch.empty(8, dtype=dtype, device=device).uniform_(*bounds))
 
     assert run(DEV) == run("cpu")
+
+
+@pytest.mark.parametrize("fn", [torch.linspace, torch.logspace])
+@pytest.mark.parametrize("bounds, dtype", [
+    ((1 + 2j, 3 + 4j, 5), None), ((1 + 2j, 3 + 4j, 1), None), ((1.0, 2j, 3), None),
+    ((1 + 2j, 3 + 4j, 5), torch.complex128)])
+def test_linspace_logspace_keep_complex_bounds(fn, bounds, dtype):
+    # SILENT WRONG VALUES before: complex bounds without a dtype computed in the default
+    # float dtype (imaginary parts dropped; steps=1 raised TypeError), and logspace, which
+    # decomposes into linspace(dtype=None), dropped them even with a complex dtype.
+    # (test_tensor_creation_ops test_linspace_vs_numpy_complex, test_logspace_vs_numpy_complex)
+    expected = fn(*bounds, dtype=dtype)
+    out = fn(*bounds, dtype=dtype, device=DEV)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out.cpu(), expected)

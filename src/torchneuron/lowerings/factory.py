@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import torch
+from torch._prims_common import corresponding_complex_dtype
 
 from .dtypes import to_jax_dtype
 from .registry import lowers
@@ -53,6 +54,10 @@ def _arange_length(start, end, step) -> int:
 
 @lowers(aten.linspace.default, static=("start", "end", "steps"))
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is None and any(isinstance(v, complex) for v in (start, end)):
+        # Complex bounds make the default complex dtype, as on CPU (the imaginary parts were
+        # dropped; logspace's decomposition calls linspace so and lost them too).
+        dtype = corresponding_complex_dtype(torch.get_default_dtype())
     jdtype = _dtype(dtype)
     if steps == 1:
         return jnp.full((1,), start, jdtype)
@@ -64,6 +69,27 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     if jnp.issubdtype(jdtype, jnp.integer):
         values = jnp.trunc(values)
     return values.astype(jdtype)
+
+
+@lowers(aten.logspace.default, static=("start", "end", "steps", "base"))
+def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None,
+             pin_memory=None):
+    """base ** linspace(start, end, steps). Real bounds: exponents and powers in float64,
+    then cast, as PyTorch's decomposition does; integer dtypes truncate the bounds first.
+    Complex bounds: computed in the complex dtype asked for (the decomposition uses the
+    default complex dtype whatever is asked: complex128 came out with complex64's precision,
+    and linspace dropped the imaginary parts)."""
+    if any(isinstance(v, complex) for v in (start, end)):
+        target = dtype or corresponding_complex_dtype(torch.get_default_dtype())
+        compute = target
+    else:
+        target = dtype or torch.get_default_dtype()
+        if not (target.is_floating_point or target.is_complex):
+            start, end = int(start), int(end)
+        compute = torch.float64
+    exponents = linspace(start, end, steps, dtype=compute)
+    powers = jnp.power(jnp.asarray(base, exponents.dtype), exponents)
+    return powers.astype(to_jax_dtype(target))
 
 
 @lowers(aten.eye.default, aten.eye.m, static=("n", "m"))
