@@ -77,12 +77,43 @@ ALIASES: dict[tuple[str, str], tuple[str, Callable[[], Any]]] = {
 }
 
 
+def _older_device_class_bases(instantiate: Callable) -> Callable:
+    """instantiate_device_type_tests as in PyTorch <= 2.4: the device class does not inherit
+    from the generic class. torch 2.13 makes it a base, so a test written as
+    `super(self.__class__, self).setUp()` (test_linalg's TestLinalg) recursed without end.
+    Every member of the generic class has been copied into the device class already."""
+
+    def instantiate_device_type_tests(generic_test_class, scope, *args, **kwargs):
+        before = set(scope)
+        result = instantiate(generic_test_class, scope, *args, **kwargs)
+        stand_in = type(generic_test_class.__name__, generic_test_class.__bases__, {})
+        for name in set(scope) - before:
+            cls = scope[name]
+            if isinstance(cls, type) and generic_test_class in cls.__bases__:
+                cls.__bases__ = tuple(stand_in if b is generic_test_class else b
+                                      for b in cls.__bases__)
+        return result
+
+    instantiate_device_type_tests.__wrapped__ = instantiate
+    return instantiate_device_type_tests
+
+
+BEHAVIOURS = ("instantiate_device_type_tests: device classes do not inherit from the generic "
+              "class (PyTorch <= 2.4)",)
+
+
 def install() -> list[str]:
-    """Adds the missing names; returns `module.name` for each one added."""
+    """Adds the missing names and the older class layout; returns what it changed."""
     added = []
     for (module_name, name), (_, factory) in ALIASES.items():
         module = importlib.import_module(module_name)
         if not hasattr(module, name):
             setattr(module, name, factory())
             added.append(f"{module_name}.{name}")
+    from torch.testing._internal import common_device_type
+
+    if not hasattr(common_device_type.instantiate_device_type_tests, "__wrapped__"):
+        common_device_type.instantiate_device_type_tests = _older_device_class_bases(
+            common_device_type.instantiate_device_type_tests)
+        added.append("common_device_type.instantiate_device_type_tests (older class bases)")
     return added
