@@ -52,6 +52,18 @@ def test_byte_mask_index_selects_and_warns_as_cpu():
     torch.testing.assert_close(out.cpu(), expected)
     assert len(deprecations(dev_w)) == len(deprecations(cpu_w)) == 2
 
+    # index_put_ and x[mask] = v warn too (test_byte_tensor_assignment, _mask_accumulate).
+    for accumulate in (False, True):
+        counts = []
+        for device in ("cpu", DEV):
+            y = torch.zeros(5, 3, device=device)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                y.index_put_((mask.to(device),), torch.ones(3, device=device), accumulate)
+                y[mask.to(device)] = torch.ones(3, device=device)
+            counts.append(len(deprecations(caught)))
+        assert counts[1] == counts[0] == 2
+
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
 def test_index_of_a_dtype_cpu_rejects_raises(dtype):

@@ -198,13 +198,16 @@ def _index_meta(x, indices):
     return aten.index.Tensor(x, indices)
 
 
-@lowers(aten.index.Tensor, jit=False, meta=_index_meta)
-def index(x, indices):
+def _warn_byte_masks(indices) -> None:
+    # CPU's kernels warn for each byte mask of each call (test_indexing counts them).
     for i in indices:
         if i is not None and jnp.asarray(i).dtype == jnp.uint8:
-            # CPU's kernel warns for each byte mask of each call (index_put's composite
-            # warns on its own).
-            warnings.warn(_BYTE_MASK_WARNING, UserWarning, stacklevel=2)
+            warnings.warn(_BYTE_MASK_WARNING, UserWarning, stacklevel=3)
+
+
+@lowers(aten.index.Tensor, jit=False, meta=_index_meta)
+def index(x, indices):
+    _warn_byte_masks(indices)
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _gather_nd(x, arrays, positions)
     _raise_first_bad(x, positions, arrays, bad)
@@ -239,6 +242,7 @@ def index_put(x, indices, values, accumulate=False):
             "Index put requires the source and destination dtypes match, got "
             f"{_scalar_type_name(x.dtype)} for the destination and "
             f"{_scalar_type_name(values.dtype)} for the source.")
+    _warn_byte_masks(indices)
     x0 = x
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
