@@ -217,3 +217,17 @@ def test_linspace_logspace_keep_complex_bounds(fn, bounds, dtype):
     out = fn(*bounds, dtype=dtype, device=DEV)
     assert out.dtype == expected.dtype
     torch.testing.assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64, torch.uint8])
+def test_right_shift_out_of_range_fills_with_the_sign(dtype):
+    # SILENT WRONG VALUES before: x >> negative returned x (the shift was clipped to 0); CPU
+    # fills with the sign bit, as for shifts past the width (test_binary_ufuncs
+    # test_shift_limits). uint8 >> 8 gave 1 for 255 (clipped to 7); CPU gives 0.
+    x = torch.tensor([-5, -1, 0, 1, 5], dtype=torch.int64).to(dtype)
+    for shift in (-100, -3, -1, 7, 8, 31, 64, 100):
+        torch.testing.assert_close((x.to(DEV) >> shift).cpu(), x >> shift)
+        torch.testing.assert_close((x.to(DEV) << shift).cpu(), x << shift)
+    shifts = torch.tensor([-70, -1, 0, 3, 8, 63, 64, 70]).to(dtype)
+    y = torch.full(shifts.shape, 5, dtype=dtype)
+    torch.testing.assert_close((y.to(DEV) >> shifts.to(DEV)).cpu(), y >> shifts)

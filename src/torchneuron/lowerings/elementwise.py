@@ -489,10 +489,14 @@ def left_shift(x, y):
 @lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
         aten.__rshift__.Tensor, aten.__rshift__.Scalar, promote=DEFAULT)
 def right_shift(x, y):
+    # CPU: a shift past the width (or a negative one, for signed types) fills with the sign
+    # bit (0 for unsigned types); clipping a negative shift to 0 returned x unchanged.
     bits = jnp.iinfo(x.dtype).bits
     y = jnp.asarray(y, x.dtype)
-    clipped = jnp.clip(y, 0, bits - 1)
-    return jnp.right_shift(x, clipped)
+    shifted = jnp.right_shift(x, jnp.clip(y, 0, bits - 1))
+    if jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        return jnp.where(y >= bits, jnp.zeros_like(x), shifted)
+    return jnp.where((y < 0) | (y >= bits), jnp.right_shift(x, bits - 1), shifted)
 
 
 @lowers(aten.logical_and.default, promote=DEFAULT)
