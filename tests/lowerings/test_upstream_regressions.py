@@ -231,3 +231,24 @@ def test_right_shift_out_of_range_fills_with_the_sign(dtype):
     shifts = torch.tensor([-70, -1, 0, 3, 8, 63, 64, 70]).to(dtype)
     y = torch.full(shifts.shape, 5, dtype=dtype)
     torch.testing.assert_close((y.to(DEV) >> shifts.to(DEV)).cpu(), y >> shifts)
+
+
+@pytest.mark.parametrize("x_dtype, v_dtype", [
+    (torch.float32, torch.float32), (torch.float16, torch.float16), (torch.int8, torch.int8),
+    (torch.float16, torch.float32), (torch.int64, torch.int32), (torch.bool, torch.bool),
+    (torch.complex64, torch.complex64)])
+def test_heaviside_matches_cpu_and_requires_one_dtype(x_dtype, v_dtype):
+    # test_binary_ufuncs test_heaviside: the decomposition computed for mixed dtypes (CPU
+    # raises), in-place and out= included.
+    x = torch.tensor([-2, 0, 3, 0]).to(x_dtype)
+    v = torch.tensor([5, 7, 1, 0]).to(v_dtype)
+    calls = [lambda a, b: torch.heaviside(a, b), lambda a, b: a.clone().heaviside_(b),
+             lambda a, b: torch.heaviside(a, b, out=torch.empty_like(a))]
+    for call in calls:
+        try:
+            expected = call(x, v)
+        except RuntimeError as err:
+            with pytest.raises(RuntimeError, match=str(err)):
+                call(x.to(DEV), v.to(DEV))
+            continue
+        torch.testing.assert_close(call(x.to(DEV), v.to(DEV)).cpu(), expected)

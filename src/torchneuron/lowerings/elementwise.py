@@ -33,6 +33,7 @@ _OWN_DTYPE = {
     aten.fill.Tensor, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.zero.default,
     aten.clone.default, aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
     aten.where.Scalar, aten.real.default, aten.imag.default, aten.conj_physical.default,
+    aten.heaviside.default,
 }
 
 
@@ -395,6 +396,17 @@ def atan2(x, y):
 @lowers(aten.hypot.default, promote=DEFAULT)
 def hypot(x, y):
     return jnp.hypot(x, y)
+
+
+@lowers(aten.heaviside.default)
+def heaviside(x, values):
+    # No promotion: CPU requires one dtype (PyTorch's decomposition checked nothing, so
+    # heaviside, heaviside_ and out= computed where CPU raises).
+    if jnp.iscomplexobj(x) or jnp.iscomplexobj(values):
+        raise RuntimeError("heaviside is not yet implemented for complex tensors.")
+    if x.dtype != jnp.asarray(values).dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+    return jnp.where(x == 0, values, (x > 0).astype(x.dtype))
 
 
 @lowers(aten.copysign.Tensor, aten.copysign.Scalar, promote=INT_TO_FLOAT)
