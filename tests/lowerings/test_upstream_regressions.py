@@ -252,3 +252,16 @@ def test_heaviside_matches_cpu_and_requires_one_dtype(x_dtype, v_dtype):
                 call(x.to(DEV), v.to(DEV))
             continue
         torch.testing.assert_close(call(x.to(DEV), v.to(DEV)).cpu(), expected)
+
+
+@pytest.mark.parametrize("fn", [torch.maximum, torch.minimum, torch.max, torch.min,
+                                torch.fmax, torch.fmin])
+@pytest.mark.parametrize("other", [torch.complex64, torch.float32, torch.int64])
+def test_elementwise_max_min_reject_complex(fn, other):
+    # test_binary_ufuncs test_maximum_minimum_complex: jnp orders complex numbers
+    # lexicographically and computed; CPU raises.
+    a, b = torch.ones(2, dtype=torch.complex64), torch.ones(2, dtype=other)
+    with pytest.raises(RuntimeError, match="not implemented for complex tensors"):
+        fn(a, b)
+    with pytest.raises(RuntimeError, match="not implemented for complex tensors"):
+        fn(a.to(DEV), b.to(DEV))

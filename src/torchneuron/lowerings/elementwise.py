@@ -449,23 +449,34 @@ def xlogy(x, y):
     return jax.scipy.special.xlogy(x, y)
 
 
+def _no_complex(name: str, x) -> None:
+    # Inputs arrive promoted: a complex operand makes both complex. CPU has no ordering of
+    # complex numbers (jnp orders them lexicographically).
+    if jnp.iscomplexobj(x):
+        raise RuntimeError(f"{name} not implemented for complex tensors.")
+
+
 @lowers(aten.maximum.default, promote=DEFAULT)
 def maximum(x, y):
+    _no_complex("maximum", x)
     return jnp.maximum(x, y)  # propagates NaN like torch.maximum
 
 
 @lowers(aten.minimum.default, promote=DEFAULT)
 def minimum(x, y):
+    _no_complex("minimum", x)
     return jnp.minimum(x, y)
 
 
 @lowers(aten.fmax.default, promote=DEFAULT)
 def fmax(x, y):
+    _no_complex("fmax", x)
     return jnp.fmax(x, y)
 
 
 @lowers(aten.fmin.default, promote=DEFAULT)
 def fmin(x, y):
+    _no_complex("fmin", x)
     return jnp.fmin(x, y)
 
 
