@@ -265,3 +265,28 @@ def test_elementwise_max_min_reject_complex(fn, other):
         fn(a, b)
     with pytest.raises(RuntimeError, match="not implemented for complex tensors"):
         fn(a.to(DEV), b.to(DEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_random_fills_both_parts(dtype):
+    # SILENT WRONG VALUES before: uniform_/normal_ (rand, randn) of complex tensors drew the
+    # real part only (imaginary parts 0). CPU draws both; normal_ gives each part std/sqrt(2).
+    torch.manual_seed(0)
+    u = torch.empty(20000, dtype=dtype, device=DEV).uniform_(-1.0, 3.0).cpu()
+    for part in (u.real, u.imag):
+        assert part.min() >= -1.0 and part.max() < 3.0 and abs(part.mean().item() - 1.0) < 0.05
+    n = torch.empty(20000, dtype=dtype, device=DEV).normal_(2.0, 3.0).cpu()
+    for part in (n.real, n.imag):
+        assert abs(part.mean().item() - 2.0) < 0.1
+        assert abs(part.std().item() - 3.0 / 2**0.5) < 0.1
+    r = torch.randn(20000, dtype=dtype, device=DEV).cpu()
+    assert r.dtype == dtype and abs(r.imag.std().item() - 0.5**0.5) < 0.03
+
+
+@pytest.mark.parametrize("fill", [lambda t: t.uniform_(), lambda t: t.normal_()])
+def test_random_fill_of_integer_tensors_raises(fill):
+    # test_tensor_creation_ops test_tensor_factories_empty: torch.rand(dtype=int) computed.
+    with pytest.raises(NotImplementedError):
+        fill(torch.empty(3, dtype=torch.int64))
+    with pytest.raises(NotImplementedError):
+        fill(torch.empty(3, dtype=torch.int64, device=DEV))

@@ -23,27 +23,50 @@ _SCALAR_TYPE_NAMES = {"float16": "Half", "bfloat16": "BFloat16", "float32": "Flo
                       "float64": "Double"}
 
 
+_C10_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
+              "int64": "Long", "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64"}
+
+
+def _real_draws(x, what: str):
+    """(dtype of the draws, their shape): a complex tensor draws its real and imaginary parts
+    (CPU fills view_as_real(x)); CPU's kernels refuse integer and bool tensors."""
+    if jnp.iscomplexobj(x):
+        return jnp.finfo(x.dtype).dtype, x.shape + (2,)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        name = _C10_NAMES.get(jnp.dtype(x.dtype).name, str(x.dtype))
+        raise NotImplementedError(f'"{what}" not implemented for \'{name}\'')
+    return x.dtype, x.shape
+
+
+def _from_parts(values, dtype):
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jax.lax.complex(values[..., 0], values[..., 1]).astype(dtype)
+    return values.astype(dtype)
+
+
+def _sampling(dtype):
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
 # The bounds are static: CPU's two range checks raise with the values in the message.
 @lowers(aten.uniform.default, rng=True, static=("from", "to"))
 def uniform(x, from_=0.0, to=1.0, *, generator=None, key):
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        low, high = _dtype_bounds(x.dtype)
-        name = _CPP_NAMES.get(jnp.dtype(x.dtype).name, str(x.dtype))
-        for value, what in ((from_, "from"), (to, "to")):
-            if not low <= value <= high:
-                raise RuntimeError(f"{what} is out of bounds for {name}")
+    part, shape = _real_draws(x, "check_uniform_bounds")
+    low, high = _dtype_bounds(part)
+    name = _CPP_NAMES.get(jnp.dtype(part).name, str(part))
+    for value, what in ((from_, "from"), (to, "to")):
+        if not low <= value <= high:
+            raise RuntimeError(f"{what} is out of bounds for {name}")
     if from_ > to:
         raise RuntimeError(
             f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
-    if jnp.issubdtype(x.dtype, jnp.floating) and to - from_ > float(jnp.finfo(x.dtype).max):
-        name = _SCALAR_TYPE_NAMES.get(jnp.dtype(x.dtype).name, str(x.dtype))
+    if to - from_ > float(jnp.finfo(part).max):
+        name = _SCALAR_TYPE_NAMES.get(jnp.dtype(part).name, str(part))
         raise RuntimeError(
             f"uniform_ expects to-from <= std::numeric_limits<{name}>::max(), but found "
             f"to={to:g} and from={from_:g} which result in to-from to exceed the limit")
-    dtype = _float_dtype(x)
-    sample_dtype = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
-    u = jax.random.uniform(key, x.shape, sample_dtype)
-    return (from_ + u * (to - from_)).astype(dtype)
+    u = jax.random.uniform(key, shape, _sampling(part))
+    return _from_parts((from_ + u * (to - from_)).astype(part), x.dtype)
 
 
 @lowers(aten.normal.float_float, rng=True, static=("size",))
@@ -55,9 +78,11 @@ def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=No
 
 @lowers(aten.normal_functional.default, aten.normal_.default, rng=True)
 def normal_functional(x, mean=0.0, std=1.0, *, generator=None, key):
-    dtype = _float_dtype(x)
-    sample_dtype = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
-    return (mean + std * jax.random.normal(key, x.shape, sample_dtype)).astype(dtype)
+    part, shape = _real_draws(x, "normal_")
+    if jnp.iscomplexobj(x):
+        std = std / np.sqrt(2.0)  # CPU: each part has half the variance; mean added to both
+    draws = mean + std * jax.random.normal(key, shape, _sampling(part))
+    return _from_parts(draws.astype(part), x.dtype)
 
 
 @lowers(aten.normal.Tensor_float, rng=True)
