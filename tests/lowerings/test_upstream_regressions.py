@@ -290,3 +290,16 @@ def test_random_fill_of_integer_tensors_raises(fill):
         fill(torch.empty(3, dtype=torch.int64))
     with pytest.raises(NotImplementedError):
         fill(torch.empty(3, dtype=torch.int64, device=DEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_addmm_gelu_is_the_exact_gelu(dtype):
+    # SILENT WRONG VALUES before (up to 5e-4 here): the lowering used GELU's tanh
+    # approximation; CPU's _addmm_activation applies the exact one (test_linalg
+    # test_addmm_gelu).
+    torch.manual_seed(0)
+    bias, m1, m2 = torch.randn(10, dtype=dtype), torch.randn(25, 10, dtype=dtype) * 3, \
+        torch.randn(10, 10, dtype=dtype)
+    expected = torch._addmm_activation(bias, m1, m2, use_gelu=True)
+    out = torch._addmm_activation(bias.to(DEV), m1.to(DEV), m2.to(DEV), use_gelu=True)
+    torch.testing.assert_close(out.cpu(), expected)
