@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -125,7 +126,7 @@ def _expand_indices(x, indices, concrete: bool):
                 positions.append(dim + j)
                 arrays.append(jnp.asarray(nz, INDEX))
             dim += k
-        elif jnp.issubdtype(idx.dtype, jnp.integer):
+        elif idx.dtype in (jnp.int32, jnp.int64):  # CPU rejects int8/int16/unsigned indices
             if dim >= x.ndim:
                 raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
             positions.append(dim)
@@ -170,9 +171,19 @@ def _gather_nd(x, arrays, positions):
 
 
 def _indexed_values(target_shape, values, dtype):
+    # The values broadcast to the indexed part, as any operand: index_put raises for values
+    # of more dimensions, unit ones included. (`x[i] = v` strips v's leading unit dimensions
+    # in PyTorch's Python binding, before index_put_ is called.)
     values = jnp.asarray(values).astype(dtype)
-    while values.ndim > len(target_shape) and values.shape[0] == 1:
-        values = values[0]  # PyTorch drops leading unit dimensions of the values
+    try:
+        np.broadcast_shapes(values.shape, tuple(target_shape))
+        ok = values.ndim <= len(target_shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+            f"indexing result of shape {list(target_shape)}")
     return jnp.broadcast_to(values, target_shape)
 
 
@@ -203,8 +214,28 @@ def _raise_first_bad(x, positions, arrays, bad) -> None:
     raise IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
 
 
-@lowers(aten.index.Tensor, jit=False)
+_BYTE_MASK_WARNING = ("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                      "torch.bool instead.")
+
+
+def _index_meta(x, indices):
+    # PyTorch's meta kernel admits int8 masks where CPU's kernel admits uint8 ("byte") ones
+    # (meta_index_Tensor), so it rejected x[byte_mask]. A uint8 index is a mask, as bool.
+    indices = [i.to(torch.bool) if i is not None and i.dtype == torch.uint8 else i
+               for i in indices]
+    return aten.index.Tensor(x, indices)
+
+
+def _warn_byte_masks(indices) -> None:
+    # CPU's kernels warn for each byte mask of each call (test_indexing counts them).
+    for i in indices:
+        if i is not None and jnp.asarray(i).dtype == jnp.uint8:
+            warnings.warn(_BYTE_MASK_WARNING, UserWarning, stacklevel=3)
+
+
+@lowers(aten.index.Tensor, jit=False, meta=_index_meta)
 def index(x, indices):
+    _warn_byte_masks(indices)
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _gather_nd(x, arrays, positions)
     _raise_first_bad(x, positions, arrays, bad)
@@ -221,6 +252,7 @@ def unsafe_index(x, indices):
 def index_put(x, indices, values, accumulate=False):
     _check_same_dtype(x, values, "Index put requires the source and destination dtypes match, "
                                  "got {self} for the destination and {source} for the source.")
+    _warn_byte_masks(indices)
     x0 = x
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
