@@ -133,6 +133,19 @@ def test_index_put_requires_matching_dtypes(accumulate):
                              accumulate=accumulate)
 
 
+def test_index_put_checks_the_shape_before_the_dtype():
+    # test_indexing NumpyTests test_boolean_assignment_value_mismatch: values of another
+    # dtype and shape raise CPU's shape error (make_index_put_iterator checks shape first).
+    def assign(device):
+        a = torch.arange(4, device=device)
+        a[a > -1] = torch.tensor([1.0, 2.0, 3.0], device=device)
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        assign("cpu")
+    with pytest.raises(RuntimeError, match="shape mismatch: value tensor of shape \\[3\\]"):
+        assign(DEV)
+
+
 @pytest.mark.parametrize("fn", [
     lambda b, f: f - b, lambda b, f: b - 1, lambda b, f: f - True, lambda b, f: True - f,
     lambda b, f: torch.rsub(b, 1), lambda b, f: torch._foreach_sub([b], 1)])

@@ -170,11 +170,12 @@ def _gather_nd(x, arrays, positions):
     return x[_key(x.ndim, positions, arrays)], _bad_flags(x, positions, arrays)
 
 
-def _indexed_values(target_shape, values, dtype):
+def _indexed_values(target_shape, values, dtype, same_dtype: bool = False):
     # The values broadcast to the indexed part, as any operand: index_put raises for values
     # of more dimensions, unit ones included. (`x[i] = v` strips v's leading unit dimensions
-    # in PyTorch's Python binding, before index_put_ is called.)
-    values = jnp.asarray(values).astype(dtype)
+    # in PyTorch's Python binding, before index_put_ is called.) With `same_dtype`, values of
+    # another dtype raise, after the shape check as in CPU's make_index_put_iterator.
+    values = jnp.asarray(values)
     try:
         np.broadcast_shapes(values.shape, tuple(target_shape))
         ok = values.ndim <= len(target_shape)
@@ -184,13 +185,17 @@ def _indexed_values(target_shape, values, dtype):
         raise RuntimeError(
             f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
             f"indexing result of shape {list(target_shape)}")
-    return jnp.broadcast_to(values, target_shape)
+    if same_dtype:
+        _check_same_dtype(jax.ShapeDtypeStruct((), dtype), values,
+                          "Index put requires the source and destination dtypes match, "
+                          "got {self} for the destination and {source} for the source.")
+    return jnp.broadcast_to(values.astype(dtype), target_shape)
 
 
-def _scatter_nd_impl(x, arrays, values, positions, accumulate):
+def _scatter_nd_impl(x, arrays, values, positions, accumulate, same_dtype=False):
     key = _key(x.ndim, positions, arrays)
     target_shape = jax.eval_shape(lambda v: v[key], x).shape
-    values = _indexed_values(target_shape, values, x.dtype)
+    values = _indexed_values(target_shape, values, x.dtype, same_dtype)
     if not accumulate:
         out = x.at[key].set(values)
     elif x.dtype == jnp.bool_:
@@ -200,7 +205,8 @@ def _scatter_nd_impl(x, arrays, values, positions, accumulate):
     return out, _bad_flags(x, positions, arrays)
 
 
-_scatter_nd = jax.jit(_scatter_nd_impl, static_argnames=("positions", "accumulate"))
+_scatter_nd = jax.jit(_scatter_nd_impl, static_argnames=("positions", "accumulate",
+                                                         "same_dtype"))
 
 
 def _raise_first_bad(x, positions, arrays, bad) -> None:
@@ -250,12 +256,10 @@ def unsafe_index(x, indices):
 
 @lowers(aten.index_put.default, jit=False)
 def index_put(x, indices, values, accumulate=False):
-    _check_same_dtype(x, values, "Index put requires the source and destination dtypes match, "
-                                 "got {self} for the destination and {source} for the source.")
     _warn_byte_masks(indices)
     x0 = x
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
-    out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
+    out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate), same_dtype=True)
     _raise_first_bad(x, positions, arrays, bad)
     return out.reshape(x0.shape)
 
