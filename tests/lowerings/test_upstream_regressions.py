@@ -117,6 +117,21 @@ def test_bool_add_applies_alpha(alpha):
     torch.testing.assert_close(out.cpu(), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32])
+def test_add_with_a_float_alpha_raises_for_integral_results(dtype):
+    # test_type_promotion test_alpha_mismatch: bool + bool with alpha=1.1 computed all True.
+    x = torch.ones(4, dtype=dtype)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point number"):
+        torch.add(x, x, alpha=1.1)
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point number"):
+        torch.add(x.to(DEV), x.to(DEV), alpha=1.1)
+    if dtype != torch.bool:  # CPU: "Boolean alpha only supported for Boolean results."
+        with pytest.raises(RuntimeError, match="Boolean alpha only supported"):
+            torch.add(x, x, alpha=True)
+        with pytest.raises(RuntimeError, match="Boolean alpha only supported"):
+            torch.add(x.to(DEV), x.to(DEV), alpha=True)
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_index_put_requires_matching_dtypes(accumulate):
     # test_type_promotion test_indexing_fail: int values were cast into a double tensor;

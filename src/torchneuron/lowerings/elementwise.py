@@ -144,14 +144,24 @@ def logit(self, eps=None):
 # ---- binary arithmetic -----------------------------------------------------------------
 
 
-@lowers(aten.add.Tensor, aten.add.Scalar, promote=Promotion.DEFAULT)
+def _addition_meta(x, y, alpha=1):
+    # PyTorch's meta kernel checks alpha's type for integer results only; CPU's alpha_check
+    # rejects a float alpha for a bool result too, and a bool alpha for other results. (The runtime counts alpha among the
+    # promotion operands, so the lowering sees float tensors and cannot tell.)
+    result = torch.result_type(x, y)
+    if isinstance(alpha, bool) and result != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if isinstance(alpha, float) and result == torch.bool:
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating "
+                           "point number.")
+    op = aten.add.Tensor if isinstance(y, torch.Tensor) else aten.add.Scalar
+    return op(x, y, alpha=alpha)
+
+
+@lowers(aten.add.Tensor, aten.add.Scalar, promote=Promotion.DEFAULT, meta=_addition_meta)
 def add(x, y, alpha=1):
     if x.dtype == jnp.bool_ and jnp.asarray(y).dtype == jnp.bool_:
-        # CPU computes x + bool(alpha) * y in bool: x or (y and alpha). PyTorch's meta kernel
-        # checks alpha's type for integer tensors only; CPU rejects a float alpha for bool too.
-        if jnp.issubdtype(jnp.asarray(alpha).dtype, jnp.inexact):
-            raise RuntimeError("For integral input tensors, argument alpha must not be a "
-                               "floating point number.")
+        # CPU computes x + bool(alpha) * y in bool: x or (y and alpha).
         if _is_one(alpha):
             return jnp.logical_or(x, y)
         return jnp.logical_or(x, jnp.logical_and(y, jnp.asarray(alpha) != 0))
