@@ -429,9 +429,13 @@ def render(summaries: list[FileSummary], groups: list[Group], manifest: Manifest
         " | neuron skips, CPU passes | not run on neuron | wall s (cpu / neuron) |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    # source["file_notes"]: {file: note}, e.g. which records come from an earlier run
+    notes = source.get("file_notes", {})
     for s in summaries:
         nf = len(s.neuron_failed_cpu_passed)
         name = s.file + (f" (sample {s.sampled})" if s.sampled else "")
+        if notes.get(s.file):
+            name += f" [{notes[s.file]}]"
         lines.append(
             f"| {name} | {s.cpu_run} / {s.neuron_run} | {s.cpu_passed} | {s.neuron_passed}"
             f" | {nf} ({_pct(nf, s.comparable)}) | {s.neuron_skipped_cpu_passed}"

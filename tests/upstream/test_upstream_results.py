@@ -205,7 +205,9 @@ def test_coverage_section_is_replaced_in_place(records, tmp_path):
     assert "**possible wrong value**" in section
     explained = results.Manifest([{"file": "test_a.py", "test": "T::test_bad_value_<dev>",
                                    "kind": "missing warning", "reason": "len(w) == 1"}])
-    other = results.render(summaries, groups, explained, {})
+    other = results.render(summaries, groups, explained,
+                           {"file_notes": {"test_a.py": "records of an earlier run"}})
+    assert "| test_a.py [records of an earlier run] |" in other
     assert "possible wrong values: 0" in other and "not a wrong value (missing warning)" in other
     cov = tmp_path / "COVERAGE.md"
     cov.write_text("# Conformance\n\nbody\n")
