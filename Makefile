@@ -91,3 +91,16 @@ distclean: clean
 .PHONY: conformance
 conformance: $(STAMP)
 	$(BIN)/python tests/conformance/run.py sweep --jobs 2 --write-manifest $(CONFORMANCE_ARGS)
+
+# PyTorch's own test files (issue 10): PYTORCH_TESTS is the test/ folder of a PyTorch source
+# checkout (not shipped here). Device-generic classes on cpu and neuron, one pytest process
+# per file and device; writes the upstream section of docs/COVERAGE.md. Hours on 2 cores:
+# pass e.g. UPSTREAM_ARGS='--files test_indexing' or '--sample test_unary_ufuncs=50'.
+.PHONY: upstream-tests upstream-selftest
+upstream-tests: $(STAMP)
+	@test -n "$(PYTORCH_TESTS)" || { echo "usage: make upstream-tests PYTORCH_TESTS=/path/to/pytorch/test" >&2; exit 2; }
+	$(BIN)/python tests/upstream/run.py run --pytorch-tests "$(PYTORCH_TESTS)" --jobs 2 --write $(UPSTREAM_ARGS)
+
+# The runner itself, end to end on a small test file of its own (about a minute).
+upstream-selftest: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/upstream/check_runner.py

@@ -144,19 +144,59 @@ def logit(self, eps=None):
 # ---- binary arithmetic -----------------------------------------------------------------
 
 
-@lowers(aten.add.Tensor, aten.add.Scalar, promote=Promotion.DEFAULT)
+def _addition_meta(x, y, alpha=1):
+    # PyTorch's meta kernel checks alpha's type for integer results only; CPU's alpha_check
+    # rejects a float alpha for a bool result too, and a bool alpha for other results. (The runtime counts alpha among the
+    # promotion operands, so the lowering sees float tensors and cannot tell.)
+    result = torch.result_type(x, y)
+    if isinstance(alpha, bool) and result != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if isinstance(alpha, float) and result == torch.bool:
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating "
+                           "point number.")
+    op = aten.add.Tensor if isinstance(y, torch.Tensor) else aten.add.Scalar
+    return op(x, y, alpha=alpha)
+
+
+@lowers(aten.add.Tensor, aten.add.Scalar, promote=Promotion.DEFAULT, meta=_addition_meta)
 def add(x, y, alpha=1):
     if x.dtype == jnp.bool_ and jnp.asarray(y).dtype == jnp.bool_:
-        return jnp.logical_or(x, y)
+        # CPU computes x + bool(alpha) * y in bool: x or (y and alpha).
+        if _is_one(alpha):
+            return jnp.logical_or(x, y)
+        return jnp.logical_or(x, jnp.logical_and(y, jnp.asarray(alpha) != 0))
     return x + y * alpha if not _is_one(alpha) else x + y
 
 
-@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=Promotion.DEFAULT)
+def _is_bool(v) -> bool:
+    return v.dtype == torch.bool if isinstance(v, torch.Tensor) else isinstance(v, bool)
+
+
+def _subtraction_meta(tensor_op, scalar_op):
+    """PyTorch's meta kernels reject bool - bool only; CPU rejects any bool operand."""
+
+    def meta(x, y, alpha=1):
+        if _is_bool(x) and _is_bool(y):
+            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                               "supported. Use the `^` or `logical_xor()` operator instead.")
+        if _is_bool(x) or _is_bool(y):
+            raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not "
+                               "supported. If you are trying to invert a mask, use the `~` or "
+                               "`logical_not()` operator instead.")
+        op = tensor_op if isinstance(y, torch.Tensor) else scalar_op
+        return op(x, y, alpha=alpha)
+
+    return meta
+
+
+@lowers(aten.sub.Tensor, aten.sub.Scalar, promote=Promotion.DEFAULT,
+        meta=_subtraction_meta(aten.sub.Tensor, aten.sub.Scalar))
 def sub(x, y, alpha=1):
     return x - y * alpha if not _is_one(alpha) else x - y
 
 
-@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=Promotion.DEFAULT)
+@lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=Promotion.DEFAULT,
+        meta=_subtraction_meta(aten.rsub.Tensor, aten.rsub.Scalar))
 def rsub(x, y, alpha=1):
     return y - x * alpha if not _is_one(alpha) else y - x
 
@@ -294,6 +334,17 @@ def hypot(x, y):
     return jnp.hypot(x, y)
 
 
+@lowers(aten.heaviside.default, opmath=False)
+def heaviside(x, values):
+    # No promotion: CPU requires one dtype (PyTorch's decomposition checked nothing, so
+    # heaviside, heaviside_ and out= computed where CPU raises).
+    if jnp.iscomplexobj(x) or jnp.iscomplexobj(values):
+        raise RuntimeError("heaviside is not yet implemented for complex tensors.")
+    if x.dtype != jnp.asarray(values).dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+    return jnp.where(x == 0, values, (x > 0).astype(x.dtype))
+
+
 @lowers(aten.copysign.Tensor, aten.copysign.Scalar, promote=Promotion.INT_TO_FLOAT)
 def copysign(x, y):
     return jnp.copysign(x, y)
@@ -334,23 +385,34 @@ def xlogy(x, y):
     return jax.scipy.special.xlogy(x, y)
 
 
+def _no_complex(name: str, x) -> None:
+    # Inputs arrive promoted: a complex operand makes both complex. CPU has no ordering of
+    # complex numbers (jnp orders them lexicographically).
+    if jnp.iscomplexobj(x):
+        raise RuntimeError(f"{name} not implemented for complex tensors.")
+
+
 @lowers(aten.maximum.default, promote=Promotion.DEFAULT)
 def maximum(x, y):
+    _no_complex("maximum", x)
     return jnp.maximum(x, y)  # propagates NaN like torch.maximum
 
 
 @lowers(aten.minimum.default, promote=Promotion.DEFAULT)
 def minimum(x, y):
+    _no_complex("minimum", x)
     return jnp.minimum(x, y)
 
 
 @lowers(aten.fmax.default, promote=Promotion.DEFAULT)
 def fmax(x, y):
+    _no_complex("fmax", x)
     return jnp.fmax(x, y)
 
 
 @lowers(aten.fmin.default, promote=Promotion.DEFAULT)
 def fmin(x, y):
+    _no_complex("fmin", x)
     return jnp.fmin(x, y)
 
 
@@ -386,10 +448,14 @@ def left_shift(x, y):
 @lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
         aten.__rshift__.Tensor, aten.__rshift__.Scalar, promote=Promotion.DEFAULT)
 def right_shift(x, y):
+    # CPU: a shift past the width (or a negative one, for signed types) fills with the sign
+    # bit (0 for unsigned types); clipping a negative shift to 0 returned x unchanged.
     bits = jnp.iinfo(x.dtype).bits
     y = jnp.asarray(y, x.dtype)
-    clipped = jnp.clip(y, 0, bits - 1)
-    return jnp.right_shift(x, clipped)
+    shifted = jnp.right_shift(x, jnp.clip(y, 0, bits - 1))
+    if jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        return jnp.where(y >= bits, jnp.zeros_like(x), shifted)
+    return jnp.where((y < 0) | (y >= bits), jnp.right_shift(x, bits - 1), shifted)
 
 
 @lowers(aten.logical_and.default, promote=Promotion.DEFAULT)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import torch
-import torch._decomp
+from torch._prims_common import corresponding_complex_dtype
 
 from .dtypes import to_jax_dtype
 from .registry import decomposes, lowers
@@ -61,6 +61,10 @@ def _arange_length(start, end, step) -> int:
 
 @lowers(aten.linspace.default, static=("start", "end", "steps"))
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is None and any(isinstance(v, complex) for v in (start, end)):
+        # Complex bounds make the default complex dtype, as on CPU (the imaginary parts were
+        # dropped; logspace's decomposition calls linspace so and lost them too).
+        dtype = corresponding_complex_dtype(torch.get_default_dtype())
     jdtype = _dtype(dtype)
     if steps == 1:
         return jnp.full((1,), start, jdtype)
@@ -72,6 +76,27 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     if jnp.issubdtype(jdtype, jnp.integer):
         values = jnp.trunc(values)
     return values.astype(jdtype)
+
+
+@lowers(aten.logspace.default, static=("start", "end", "steps", "base"))
+def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None,
+             pin_memory=None):
+    """base ** linspace(start, end, steps). Real bounds: exponents and powers in float64,
+    then cast, as PyTorch's decomposition does; integer dtypes truncate the bounds first.
+    Complex bounds: computed in the complex dtype asked for (the decomposition uses the
+    default complex dtype whatever is asked: complex128 came out with complex64's precision,
+    and linspace dropped the imaginary parts)."""
+    if any(isinstance(v, complex) for v in (start, end)):
+        target = dtype or corresponding_complex_dtype(torch.get_default_dtype())
+        compute = target
+    else:
+        target = dtype or torch.get_default_dtype()
+        if not (target.is_floating_point or target.is_complex):
+            start, end = int(start), int(end)
+        compute = torch.float64
+    exponents = linspace(start, end, steps, dtype=compute)
+    powers = jnp.power(jnp.asarray(base, exponents.dtype), exponents)
+    return powers.astype(to_jax_dtype(target))
 
 
 @lowers(aten.eye.default, aten.eye.m, static=("n", "m"))
@@ -157,7 +182,5 @@ def linspace_out(start, end, steps, *, out):
 @decomposes(aten.logspace.out, aten.logspace.Tensor_Tensor_out, aten.logspace.Tensor_Scalar_out,
             aten.logspace.Scalar_Tensor_out)
 def logspace_out(start, end, steps, base=10.0, *, out):
-    # PyTorch's decomposition of logspace.default (the op's composite kernel calls logspace.out).
-    values = torch._decomp.decomposition_table[aten.logspace.default](
-        _scalar(start), _scalar(end), steps, base, dtype=out.dtype, device=out.device)
-    return _fill_out(out, values)
+    return _fill_out(out, aten.logspace.default(_scalar(start), _scalar(end), steps, base,
+                                                dtype=out.dtype, device=out.device))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -125,7 +126,7 @@ def _expand_indices(x, indices, concrete: bool):
                 positions.append(dim + j)
                 arrays.append(jnp.asarray(nz, INDEX))
             dim += k
-        elif jnp.issubdtype(idx.dtype, jnp.integer):
+        elif idx.dtype in (jnp.int32, jnp.int64):  # CPU rejects int8/int16/unsigned indices
             if dim >= x.ndim:
                 raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
             positions.append(dim)
@@ -169,17 +170,32 @@ def _gather_nd(x, arrays, positions):
     return x[_key(x.ndim, positions, arrays)], _bad_flags(x, positions, arrays)
 
 
-def _indexed_values(target_shape, values, dtype):
-    values = jnp.asarray(values).astype(dtype)
-    while values.ndim > len(target_shape) and values.shape[0] == 1:
-        values = values[0]  # PyTorch drops leading unit dimensions of the values
-    return jnp.broadcast_to(values, target_shape)
+def _indexed_values(target_shape, values, dtype, same_dtype: bool = False):
+    # The values broadcast to the indexed part, as any operand: index_put raises for values
+    # of more dimensions, unit ones included. (`x[i] = v` strips v's leading unit dimensions
+    # in PyTorch's Python binding, before index_put_ is called.) With `same_dtype`, values of
+    # another dtype raise, after the shape check as in CPU's make_index_put_iterator.
+    values = jnp.asarray(values)
+    try:
+        np.broadcast_shapes(values.shape, tuple(target_shape))
+        ok = values.ndim <= len(target_shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+            f"indexing result of shape {list(target_shape)}")
+    if same_dtype:
+        _check_same_dtype(jax.ShapeDtypeStruct((), dtype), values,
+                          "Index put requires the source and destination dtypes match, "
+                          "got {self} for the destination and {source} for the source.")
+    return jnp.broadcast_to(values.astype(dtype), target_shape)
 
 
-def _scatter_nd_impl(x, arrays, values, positions, accumulate):
+def _scatter_nd_impl(x, arrays, values, positions, accumulate, same_dtype=False):
     key = _key(x.ndim, positions, arrays)
     target_shape = jax.eval_shape(lambda v: v[key], x).shape
-    values = _indexed_values(target_shape, values, x.dtype)
+    values = _indexed_values(target_shape, values, x.dtype, same_dtype)
     if not accumulate:
         out = x.at[key].set(values)
     elif x.dtype == jnp.bool_:
@@ -189,7 +205,8 @@ def _scatter_nd_impl(x, arrays, values, positions, accumulate):
     return out, _bad_flags(x, positions, arrays)
 
 
-_scatter_nd = jax.jit(_scatter_nd_impl, static_argnames=("positions", "accumulate"))
+_scatter_nd = jax.jit(_scatter_nd_impl, static_argnames=("positions", "accumulate",
+                                                         "same_dtype"))
 
 
 def _raise_first_bad(x, positions, arrays, bad) -> None:
@@ -223,9 +240,29 @@ def _index_in_graph(x, indices):
     return out, jnp.any(bad)
 
 
-@lowers(aten.index.Tensor, jit=False, graph_form=graph_form(
+_BYTE_MASK_WARNING = ("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                      "torch.bool instead.")
+
+
+def _index_meta(x, indices):
+    # PyTorch's meta kernel admits int8 masks where CPU's kernel admits uint8 ("byte") ones
+    # (meta_index_Tensor), so it rejected x[byte_mask]. A uint8 index is a mask, as bool.
+    indices = [i.to(torch.bool) if i is not None and i.dtype == torch.uint8 else i
+               for i in indices]
+    return aten.index.Tensor(x, indices)
+
+
+def _warn_byte_masks(indices) -> None:
+    # CPU's kernels warn for each byte mask of each call (test_indexing counts them).
+    for i in indices:
+        if i is not None and jnp.asarray(i).dtype == jnp.uint8:
+            warnings.warn(_BYTE_MASK_WARNING, UserWarning, stacklevel=3)
+
+
+@lowers(aten.index.Tensor, jit=False, meta=_index_meta, graph_form=graph_form(
     _index_in_graph, index_error=_GRAPH_INDEX_ERROR, only_when=_integer_indices))
 def index(x, indices):
+    _warn_byte_masks(indices)
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
     out, bad = _gather_nd(x, arrays, positions)
     _raise_first_bad(x, positions, arrays, bad)
@@ -275,11 +312,10 @@ _INDEX_PUT_IN_GRAPHS = graph_form(_index_put_in_graph, index_error=_GRAPH_INDEX_
 
 @lowers(aten.index_put.default, jit=False, graph_form=_INDEX_PUT_IN_GRAPHS)
 def index_put(x, indices, values, accumulate=False):
-    _check_same_dtype(x, values, "Index put requires the source and destination dtypes match, "
-                                 "got {self} for the destination and {source} for the source.")
+    _warn_byte_masks(indices)
     x0 = x
     x, positions, arrays = _expand_indices(x, indices, concrete=True)
-    out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
+    out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate), same_dtype=True)
     _raise_first_bad(x, positions, arrays, bad)
     return out.reshape(x0.shape)
 

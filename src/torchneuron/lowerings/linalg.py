@@ -178,7 +178,8 @@ def addmm_activation(bias, x, y, *, beta=1, alpha=1, use_gelu=False):
     import jax
 
     out = _scaled_sum(bias, _matmul(x, y), beta, alpha)
-    return jax.nn.gelu(out, approximate=True) if use_gelu else jnp.maximum(out, 0)
+    # CPU's kernel applies the exact (erf) GELU; the tanh approximation is cuBLASLt's.
+    return jax.nn.gelu(out, approximate=False) if use_gelu else jnp.maximum(out, 0)
 
 
 @lowers(aten.linalg_cross.default)

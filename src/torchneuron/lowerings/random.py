@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
-from .dtypes import to_jax_dtype, to_torch_dtype
+from .dtypes import to_jax_dtype
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -16,12 +19,54 @@ def _float_dtype(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
 
 
-@lowers(aten.uniform.default, rng=True)
+_SCALAR_TYPE_NAMES = {"float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
+                      "float64": "Double"}
+
+
+_C10_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
+              "int64": "Long", "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64"}
+
+
+def _real_draws(x, what: str):
+    """(dtype of the draws, their shape): a complex tensor draws its real and imaginary parts
+    (CPU fills view_as_real(x)); CPU's kernels refuse integer and bool tensors."""
+    if jnp.iscomplexobj(x):
+        return jnp.finfo(x.dtype).dtype, x.shape + (2,)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        name = _C10_NAMES.get(jnp.dtype(x.dtype).name, str(x.dtype))
+        raise NotImplementedError(f'"{what}" not implemented for \'{name}\'')
+    return x.dtype, x.shape
+
+
+def _from_parts(values, dtype):
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jax.lax.complex(values[..., 0], values[..., 1]).astype(dtype)
+    return values.astype(dtype)
+
+
+def _sampling(dtype):
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+# The bounds are static: CPU's two range checks raise with the values in the message.
+@lowers(aten.uniform.default, rng=True, static=("from", "to"))
 def uniform(x, from_=0.0, to=1.0, *, generator=None, key):
-    dtype = _float_dtype(x)
-    sample_dtype = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
-    u = jax.random.uniform(key, x.shape, sample_dtype)
-    return (from_ + u * (to - from_)).astype(dtype)
+    part, shape = _real_draws(x, "check_uniform_bounds")
+    low, high = _dtype_bounds(part)
+    name = _CPP_NAMES.get(jnp.dtype(part).name, str(part))
+    for value, what in ((from_, "from"), (to, "to")):
+        if not low <= value <= high:
+            raise RuntimeError(f"{what} is out of bounds for {name}")
+    if from_ > to:
+        raise RuntimeError(
+            f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
+    if to - from_ > float(jnp.finfo(part).max):
+        name = _SCALAR_TYPE_NAMES.get(jnp.dtype(part).name, str(part))
+        raise RuntimeError(
+            f"uniform_ expects to-from <= std::numeric_limits<{name}>::max(), but found "
+            f"to={to:g} and from={from_:g} which result in to-from to exceed the limit")
+    u = jax.random.uniform(key, shape, _sampling(part))
+    return _from_parts((from_ + u * (to - from_)).astype(part), x.dtype)
 
 
 @lowers(aten.normal.float_float, rng=True, static=("size",))
@@ -33,9 +78,11 @@ def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=No
 
 @lowers(aten.normal_functional.default, aten.normal_.default, rng=True)
 def normal_functional(x, mean=0.0, std=1.0, *, generator=None, key):
-    dtype = _float_dtype(x)
-    sample_dtype = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
-    return (mean + std * jax.random.normal(key, x.shape, sample_dtype)).astype(dtype)
+    part, shape = _real_draws(x, "normal_")
+    if jnp.iscomplexobj(x):
+        std = std / np.sqrt(2.0)  # CPU: each part has half the variance; mean added to both
+    draws = mean + std * jax.random.normal(key, shape, _sampling(part))
+    return _from_parts(draws.astype(part), x.dtype)
 
 
 @lowers(aten.normal.Tensor_float, rng=True)
@@ -90,63 +137,155 @@ def cauchy(x, median=0.0, sigma=1.0, *, generator=None, key):
     return median + sigma * jax.random.cauchy(key, x.shape, _float_dtype(x))
 
 
-def _random_ints(key, shape, low, high, dtype):
-    if jnp.issubdtype(dtype, jnp.floating) or dtype == jnp.bool_:
-        draw = jax.random.randint(key, shape, low, high, jnp.int64)
-        return draw.astype(dtype)
-    return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
+# ---- random_: discrete uniform integers, with CPU's range rules ---------------------------
+#
+# random_(from, to) draws from [from, to); random_(from) from [from, max]; random_() from
+# [0, max]; max is the dtype's largest integer, or 2**digits for a floating dtype (the largest
+# range in which every integer is representable). A range outside the dtype raises; for a
+# floating dtype a bound beyond +-2**digits warns when the executable is built (CPU warns on
+# every call; an unjitted lowering would warn every time but keeps the op out of compiled
+# graphs).
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+# How CPU's messages print the dtypes (C++ type names).
+_CPP_NAMES = {
+    "bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short int",
+    "int32": "int", "int64": "long int", "uint16": "short unsigned int",
+    "uint32": "unsigned int", "uint64": "long unsigned int", "float16": "c10::Half",
+    "bfloat16": "c10::BFloat16", "float32": "float", "float64": "double",
+}
+
+
+def _digits(dtype) -> int:
+    """Significand bits, the implicit one included (std::numeric_limits<T>::digits)."""
+    return jnp.finfo(dtype).nmant + 1
+
+
+def _dtype_bounds(dtype) -> tuple[float, float]:
+    if dtype == jnp.bool_:
+        return 0, 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        info = jnp.finfo(dtype)
+        return float(info.min), float(info.max)
+    if dtype == jnp.uint64:
+        return 0, _INT64_MAX
+    info = jnp.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _check_in_range(from_: int, to_inc: int, dtype) -> None:
+    name = _CPP_NAMES.get(jnp.dtype(dtype).name, str(dtype))
+    low, high = _dtype_bounds(dtype)
+    if not low <= from_ <= high:
+        raise RuntimeError(f"from is out of bounds for {name}")
+    if not low <= to_inc <= high:
+        raise RuntimeError(f"to - 1 is out of bounds for {name}")
+    if jnp.issubdtype(dtype, jnp.floating):
+        d = _digits(dtype)
+        for value, what in ((from_, "from"), (to_inc, "to - 1")):
+            if not -(2**d) <= value <= 2**d:
+                warnings.warn(
+                    f"{what} is out of bounds [-(2^{d}), 2^{d}]. Due to precision limitations "
+                    f"{name} can support discrete uniform distribution only within this range. "
+                    "This warning will become an error in version 1.7 release, please fix the "
+                    "code in advance", UserWarning, stacklevel=2)
+
+
+def _as_dtype_int(value: int, dtype) -> int:
+    """The integer that `value` becomes in a floating dtype (C++'s cast from int64); a value
+    past the dtype's range stays as it is (the range check raises for it)."""
+    with np.errstate(over="ignore"):
+        rounded = np.array(value, np.int64).astype(dtype).astype(np.float64)
+    return int(rounded) if np.isfinite(rounded) else value
+
+
+def _fit_from(from_: int, dtype) -> int:
+    # A lower bound that rounds below itself in the dtype is moved up by one ulp, so that no
+    # draw falls under it (CPU's update_from).
+    if from_ >= _INT64_MAX:
+        return from_
+    rounded = _as_dtype_int(from_ + 1, dtype)
+    if rounded < from_:
+        n = abs(from_ + 1).bit_length() - 1
+        return rounded + (1 << (n - _digits(dtype) + 1))
+    return from_
+
+
+def _fit_to(to: int, dtype) -> int:
+    rounded = _as_dtype_int(to - 1, dtype)
+    if rounded >= to:
+        n = abs(to - 1).bit_length() - 1
+        return rounded - (1 << (n - _digits(dtype) + 1))
+    return to
+
+
+def _draw(key, shape, low: int, count: int, dtype):
+    """`count` (up to 2**64) consecutive integers from `low`, uniformly, as `dtype`."""
+    bits = jax.random.bits(key, shape, jnp.uint64)
+    if count < 2**64:
+        bits = bits % jnp.uint64(count)
+    # low + offset in 64-bit two's complement, as CPU's uint64 arithmetic
+    value = jax.lax.bitcast_convert_type(bits + jnp.uint64(low % 2**64), jnp.int64)
+    return value.astype(dtype)
+
+
+def _random_from_to(x, from_: int, to: int, key):
+    if from_ >= to:
+        raise RuntimeError(
+            f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        from_, to = _fit_from(from_, x.dtype), _fit_to(to, x.dtype)
+        if from_ >= to:
+            raise RuntimeError(
+                "random_ expects 'from' casted to dtype to be less than 'to' casted to dtype, "
+                f"but got from={from_} >= to={to}")
+    _check_in_range(from_, to - 1, x.dtype)
+    return _draw(key, x.shape, from_, to - from_, x.dtype)
+
+
+def _max_inclusive(dtype) -> int:
+    if dtype == jnp.bool_:
+        return 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        return min(2 ** _digits(dtype), _INT64_MAX)
+    return int(jnp.iinfo(dtype).max)
 
 
 @lowers(getattr(aten.random, "from"), rng=True, static=("from", "to"))
 def random_from(x, from_, to=None, *, generator=None, key):
-    if to is None:
-        to = _max_exclusive(x.dtype)
-        if from_ >= to:
+    if to is not None:
+        return _random_from_to(x, from_, to, key)
+    if from_ == _INT64_MIN:  # every int64
+        if x.dtype in (jnp.float16, jnp.bool_):
+            raise NotImplementedError(
+                f"random_ over the full 64-bit range is not implemented for {x.dtype}")
+        if x.dtype not in (jnp.int64, jnp.float64, jnp.float32, jnp.bfloat16):
+            raise RuntimeError(
+                "random_ over the full 64-bit range handles only int64, double, float and "
+                "bfloat16")
+        return _draw(key, x.shape, _INT64_MIN, 2**64, x.dtype)
+    to_inc = _max_inclusive(x.dtype)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        from_ = _fit_from(from_, x.dtype)
+        if from_ >= to_inc:
             raise RuntimeError(
                 "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' "
-                f"casted to dtype, but got from={from_} > to_inc={to - 1}")
-    _check_bounds(x.dtype, from_, to)
-    return _random_ints(key, x.shape, from_, to, x.dtype)
+                f"casted to dtype, but got from={from_} > to_inc={to_inc}")
+    _check_in_range(from_, to_inc, x.dtype)
+    return _draw(key, x.shape, from_, to_inc - from_ + 1, x.dtype)
 
 
 @lowers(aten.random.to, rng=True, static=("to",))
 def random_to(x, to, *, generator=None, key):
-    _check_bounds(x.dtype, 0, to)
-    return _random_ints(key, x.shape, 0, to, x.dtype)
+    return _random_from_to(x, 0, to, key)
 
 
 @lowers(aten.random.default, rng=True)
 def random_default(x, *, generator=None, key):
-    return _random_ints(key, x.shape, 0, _max_exclusive(x.dtype), x.dtype)
-
-
-def _max_exclusive(dtype) -> int:
-    """One past the largest value `random_()` draws: 2**digits for floats (every integer up to
-    it is representable; digits counts the implicit bit), the type's maximum for integers."""
-    if dtype == jnp.bool_:
-        return 2
-    if jnp.issubdtype(dtype, jnp.floating):
-        return 2 ** (jnp.finfo(dtype).nmant + 1) + 1
-    # int64's maximum + 1 does not fit the int64 draw: its top value is left out.
-    return min(int(jnp.iinfo(dtype).max) + 1, int(jnp.iinfo(jnp.int64).max))
-
-
-def _check_bounds(dtype, from_: int, to: int) -> None:
-    """CPU's checks of random_(from, to): a non-empty range whose ends the dtype holds."""
-    if from_ >= to:
-        raise RuntimeError(
-            f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
-    if dtype == jnp.bool_:
-        low, high = 0, 1
-    elif jnp.issubdtype(dtype, jnp.floating):
-        low, high = float(jnp.finfo(dtype).min), float(jnp.finfo(dtype).max)
-    else:
-        low, high = int(jnp.iinfo(dtype).min), int(jnp.iinfo(dtype).max)
-    name = to_torch_dtype(dtype)
-    if not low <= from_ <= high:
-        raise RuntimeError(f"from is out of bounds for {name}")
-    if not low <= to - 1 <= high:
-        raise RuntimeError(f"to - 1 is out of bounds for {name}")
+    if x.dtype == jnp.uint64:
+        return _draw(key, x.shape, 0, 2**64, x.dtype)
+    return _draw(key, x.shape, 0, _max_inclusive(x.dtype) + 1, x.dtype)
 
 
 @lowers(aten.randperm.default, aten.randperm.generator, aten.randperm.out,
