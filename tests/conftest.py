@@ -31,6 +31,17 @@ _test_lib.impl("cpu_only_scale_", lambda x, s: x, "Meta")
 
 
 @pytest.fixture
+def fresh_compile_state(tmp_path, monkeypatch):
+    """A compile test's clean slate: its own on-disk cache directory, Dynamo reset before and
+    after, compile counters at zero."""
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    torchneuron.reset_compile_stats()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def neuron() -> torch.device:
     return torch.device("neuron")
 

@@ -21,12 +21,8 @@ DEV = "neuron"
 
 
 @pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    torchneuron.reset_compile_stats()
-    yield
-    torch._dynamo.reset()
+def _fresh(fresh_compile_state):
+    """A new cache directory, Dynamo state and compile counters per test (tests/conftest.py)."""
 
 
 def _mlp() -> nn.Module:
@@ -116,6 +112,9 @@ def _process_us_per_call(fn, calls: int = 300, rounds: int = 7) -> float:
     return best * 1e6
 
 
+# A timing bar (issue 13: at most 30 us of host time beyond the executable): it holds alone and
+# fails under CPU contention (42 us at load 7), so it runs in `make test-slow`, not in CI's run.
+@pytest.mark.slow
 def test_host_time_of_a_compiled_call_beyond_its_executable():
     seen = []
     original = graph_module.CompiledGraph.__call__

@@ -21,12 +21,8 @@ NEURON = "neuron"
 
 
 @pytest.fixture(autouse=True)
-def _fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    torchneuron.reset_compile_stats()
-    yield
-    torch._dynamo.reset()
+def _fresh(fresh_compile_state):
+    """A new cache directory, Dynamo state and compile counters per test (tests/conftest.py)."""
 
 
 def _cos(x):
