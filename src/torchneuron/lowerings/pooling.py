@@ -198,20 +198,25 @@ def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False,
                      divisor_override)
 
 
+def _avg_pool_backward(grad_output, self, n, kernel_size, stride, padding, ceil_mode,
+                       count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda x: _avg_pool(x, n, kernel_size, stride, padding, ceil_mode,
+                                         count_include_pad, divisor_override), upcast_half(self))
+    return vjp(upcast_half(grad_output))[0]
+
+
 @lowers(aten.avg_pool2d_backward.default)
 def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
                         count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x: _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode,
-                                         count_include_pad, divisor_override), upcast_half(self))
-    return vjp(upcast_half(grad_output))[0]
+    return _avg_pool_backward(grad_output, self, 2, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override)
 
 
 @lowers(aten.avg_pool3d_backward.default)
 def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
                         count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x: _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode,
-                                         count_include_pad, divisor_override), upcast_half(self))
-    return vjp(upcast_half(grad_output))[0]
+    return _avg_pool_backward(grad_output, self, 3, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override)
 
 
 def _adaptive_matrix(size, out):
