@@ -4,6 +4,7 @@ worker process when the suite runs under pytest-xdist."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -39,6 +40,21 @@ def fresh_compile_state(tmp_path, monkeypatch):
     torchneuron.reset_compile_stats()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def shared_cache_dir(tmp_path) -> Path:
+    """An empty cache directory for child processes, holding only this process's C++ library
+    (when it was built): a child then loads it instead of spending half a minute compiling it.
+    Tests of the library's own build use a bare directory instead."""
+    from torchneuron.runtime import _native
+
+    root = tmp_path / "shared"
+    (root / "ext").mkdir(parents=True)
+    built = _native.loaded_path()
+    if built is not None:
+        shutil.copy2(built, root / "ext" / built.name)
+    return root
 
 
 @pytest.fixture

@@ -22,13 +22,20 @@ def run(outdir, arg):
     return ddp_gpt.train(device, mode, steps, seed=0, **spec, **TINY)
 
 
-def run_all(outdir, arg):
-    """Every parallel mode in one launch (the ranks' compiled ops are reused across modes)."""
+def run_core(outdir, arg):
+    """DDP and FSDP2 with a sharded checkpoint, in one launch (the ranks' compiled ops are
+    reused across modes): the fast slice `make test` runs."""
     results = {}
     results["ddp"] = ddp_gpt.train("neuron", "ddp", STEPS, seed=0, **TINY)
-    results["tp"] = ddp_gpt.train("neuron", "tp", STEPS, seed=0, **TINY)
     ckpt = str(outdir / "ckpt")
     results["fsdp"] = ddp_gpt.train("neuron", "fsdp", STEPS, seed=0, checkpoint=ckpt, save_at=5, **TINY)
     results["fsdp_resumed"] = ddp_gpt.train("neuron", "fsdp", STEPS, seed=0, resume=ckpt, **TINY)
-    results["fsdp_bf16"] = ddp_gpt.train("neuron", "fsdp", STEPS, seed=0, mixed_precision=True, **TINY)
     return results
+
+
+def run_more(outdir, arg):
+    """Tensor parallel and FSDP2 with a bf16 mixed-precision policy (`make test-slow`)."""
+    return {
+        "tp": ddp_gpt.train("neuron", "tp", STEPS, seed=0, **TINY),
+        "fsdp_bf16": ddp_gpt.train("neuron", "fsdp", STEPS, seed=0, mixed_precision=True, **TINY),
+    }

@@ -241,7 +241,7 @@ def _efficientnet() -> nn.Module:
 ZOO: dict[str, Entry] = {
     # decoder LMs
     "gpt2": Entry(_gpt2, _causal_lm, "decoder, tied", tied=True, fast=True),
-    "llama": Entry(_llama, _causal_lm, "decoder", fast=True),
+    "llama": Entry(_llama, _causal_lm, "decoder"),
     "qwen2": Entry(_qwen2, _causal_lm, "decoder"),
     "mistral": Entry(_mistral, _causal_lm, "decoder"),
     "gemma": Entry(_gemma, _causal_lm, "decoder, tied", tied=True),
@@ -256,7 +256,7 @@ ZOO: dict[str, Entry] = {
     "bert": Entry(_bert, _masked_lm, "encoder MLM, tied decoder", tied=True),
     "roberta": Entry(_roberta, _masked_lm, "encoder MLM, tied decoder", tied=True),
     # seq2seq
-    "t5": Entry(_t5, _seq2seq, "seq2seq, tied", tied=True, fast=True),
+    "t5": Entry(_t5, _seq2seq, "seq2seq, tied", tied=True),
     "bart": Entry(_bart, _seq2seq, "seq2seq, tied", tied=True),
     "whisper": Entry(_whisper, _speech, "speech seq2seq, tied", tied=True),
     # vision

@@ -213,6 +213,11 @@ def load() -> ctypes.PyDLL | None:
     return _library
 
 
+def loaded_path() -> Path | None:
+    """The file of the library this process loaded (None when it runs without one)."""
+    return None if _library is None else Path(_library._name)
+
+
 def build_error() -> str | None:
     """Why the library is not in use (None when it is, or before `load()`)."""
     return _error
