@@ -9,9 +9,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?= -q -p no:cacheprovider
-# pytest-xdist worker processes for the test targets (2 cores in CI); TEST_WORKERS=0 runs the
-# tests in the pytest process itself.
-TEST_WORKERS ?= 2
+# pytest-xdist worker processes for the test targets; TEST_WORKERS=0 runs the tests in the
+# pytest process itself. Three on CI's 2 cores: a worker often waits (on child processes, 2-rank
+# launches, a process-group timeout), and the third keeps the cores busy meanwhile (idle 2-core
+# machine: 480 s of pytest with 3 workers against 631 s with 2; docs/DEVELOPMENT.md).
+TEST_WORKERS ?= 3
 # loadfile: each test file runs in one worker, so a module-scoped fixture (a 2-rank launch in
 # tests/distributed, one child process) runs once and compiled ops are reused within a file.
 # (loadgroup would be finer, but xdist 3.8 does not group tests under pytest 9.)
