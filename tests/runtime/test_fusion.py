@@ -303,7 +303,10 @@ _LAUNCH_BLOCKING = """
     ({}, "RECORDING True True"),
 ])
 def test_launch_blocking_and_fusion_switches(env, expected):
+    # The child starts from the defaults, whatever switches this run itself was given.
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("TORCHNEURON_FUSION", "TORCHNEURON_LAUNCH_BLOCKING")}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_LAUNCH_BLOCKING)],
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+                          env={**inherited, **env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert expected in proc.stdout
