@@ -5,7 +5,9 @@ printed at most once per process) and calls them inside `forward` (GPT-2's loss 
 attention fallbacks). Dynamo cannot trace a logger call and splits the graph there, for every
 backend. Its own remedy is `torch._dynamo.config.ignore_logging_functions`: once the neuron
 backend is loaded, each Dynamo compilation adds those two methods to it (when transformers
-has defined them), so compiled code skips the advice; eager code still prints it. Other log
+has defined them), so compiled code skips the advice; eager code still prints it. The
+setting outlives `torch._dynamo.reset()`; the callback that applies it does not, so the
+backend re-registers it whenever it compiles a graph. Other log
 and `warnings.warn` calls are left as they are.
 """
 
@@ -28,12 +30,13 @@ def ignore_advisories(_args=None) -> None:
         config.ignore_logging_functions = config.ignore_logging_functions | found
 
 
-_registered = False
-
-
 def install() -> None:
-    """Run `ignore_advisories` at the start of every Dynamo compilation (idempotent)."""
-    global _registered
-    if not _registered:
+    """Apply `ignore_advisories` now and at the start of every later Dynamo compilation.
+
+    Idempotent. Called at import and again for every graph the backend compiles, because
+    `torch._dynamo.reset()` drops every registered callback: without the second call, a
+    reset before the process's first compilation (test fixtures, notebooks) would leave the
+    advisories splitting graphs for the rest of the process."""
+    ignore_advisories()
+    if ignore_advisories not in callback_handler.start_callbacks:
         callback_handler.register_start_callback(ignore_advisories)
-        _registered = True

@@ -43,6 +43,7 @@ def _graph_compiler(options: dict[str, Any]):
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs: Any):
     """The Dynamo backend registered as "neuron"."""
+    advisories.install()  # again: torch._dynamo.reset() drops the callback
     options = dict(kwargs.pop("options", None) or {})
     options.update(kwargs)
     unknown = set(options) - KNOWN_OPTIONS

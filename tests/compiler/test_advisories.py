@@ -1,0 +1,38 @@
+"""Hugging Face's once-only logger advice (`Logger.warning_once`) inside a compiled function
+must not split its graph, also after `torch._dynamo.reset()` (which drops Dynamo's callbacks)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch._dynamo
+
+import torchneuron.compiler.backend  # noqa: F401  (installs the advisories callback at import)
+from torchneuron.compiler import advisories
+
+transformers = pytest.importorskip("transformers")  # defines logging.Logger.warning_once
+
+_log = transformers.logging.get_logger("torchneuron.tests.advisories")
+
+
+def _advised(x):
+    _log.warning_once("advice printed once per process")
+    return x * 2 + 1
+
+
+def test_warning_once_does_not_split_the_graph_after_a_reset(monkeypatch):
+    # As in a process whose backend was imported before its first compilation and whose
+    # first call was a reset: the callback is gone and the ignore list has no advisories.
+    monkeypatch.setattr(torch._dynamo.config, "ignore_logging_functions", set())
+    torch._dynamo.reset()
+    assert advisories.ignore_advisories not in torch._dynamo.callback.callback_handler.start_callbacks
+    torch._dynamo.utils.counters.clear()
+    x = torch.arange(4.0, device="neuron")
+    torch.compile(lambda t: t - 1, backend="neuron")(x)  # any compilation re-installs it
+    out = torch.compile(_advised, backend="neuron")(x)
+    torch.testing.assert_close(out.cpu(), torch.arange(4.0) * 2 + 1)
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert logging.Logger.warning_once in torch._dynamo.config.ignore_logging_functions
+    torch._dynamo.reset()
