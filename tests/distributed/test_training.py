@@ -55,4 +55,7 @@ def test_sharded_checkpoint_resumes_with_identical_losses(ranks):
 def test_fsdp_mixed_precision_trains_close_to_fp32(more_ranks, single):
     for r in more_ranks:
         _close(r.value["fsdp_bf16"], single, rtol=3e-2)
-        assert r.value["fsdp_bf16"] != single  # bf16 parameters really were used
+        # Farther from fp32 than the fp32 modes may be (1e-4 above): bf16 parameters really
+        # were used. (This launch has no fp32 FSDP run to compare with bit for bit.)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(r.value["fsdp_bf16"], single))
+        assert worst > 1e-4, worst
