@@ -9,6 +9,8 @@ Options (`torch.compile(..., options={...})`):
   XLA compiles once per distinct concrete input shape, and at most this many stay loaded.
 - `strict` (bool, default False): raise instead of running a graph that cannot be lowered in
   eager mode on the device.
+- `buckets` (str, default `TORCHNEURON_BUCKETS`, itself `pow2` by default): how graphs with
+  dynamic sizes round them up to buckets (compiler/buckets.py); `"off"` compiles per shape.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from torch._dynamo.backends.common import aot_autograd
 
 from ..lowerings import LOWERINGS
 from ..lowerings.registry import DECOMPOSITIONS
+from . import buckets
 from .graph import CompiledGraph, LoweringError, eager_graph
 
-KNOWN_OPTIONS = {"max_shapes", "strict"}
+KNOWN_OPTIONS = {"max_shapes", "strict", "buckets"}
 
 
 def _decompositions() -> dict:
@@ -41,14 +44,33 @@ def _decompositions() -> dict:
     return table
 
 
-def _graph_compiler(options: dict[str, Any]):
+def _graph_compiler(options: dict[str, Any], kind: str, link: buckets.BucketLink):
+    """The compiler of one kind of graph ("forward", "backward", "inference"); the forward and
+    backward of one Dynamo graph share `link`, so that they are bucketed together."""
+
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        bucketing = buckets.for_graph(gm, kind, options, link, _user_outputs(kind))
         try:
-            return make_boxed_func(CompiledGraph(gm, options))
+            compiled = CompiledGraph(gm, options)
         except LoweringError as err:
-            return make_boxed_func(eager_graph(gm, f"{err.op_name} cannot be lowered ({err})", options))
+            run = eager_graph(gm, f"{err.op_name} cannot be lowered ({err})", options)
+            return make_boxed_func(buckets.unpadded(run, bucketing))
+        compiled.bucketing = bucketing
+        return make_boxed_func(compiled)
 
     return compile_graph
+
+
+def _user_outputs(kind: str) -> int | None:
+    """How many of a training forward's outputs the caller sees; the rest are saved for the
+    backward (None: all of them)."""
+    if kind != "forward":
+        return None
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None or getattr(meta, "num_symints_saved_for_bw", None) is None:
+        return None
+    return int(meta.num_forward)
 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs: Any):
@@ -61,10 +83,12 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs: Any):
             f"torch.compile(backend='neuron'): unknown option(s) {sorted(unknown)}; "
             f"known: {sorted(KNOWN_OPTIONS)}"
         )
-    compiler = _graph_compiler(options)
+    buckets.rule_for(options)  # a bad rule is an error now, not at the first dynamic graph
+    link = buckets.BucketLink()
     return aot_autograd(
-        fw_compiler=compiler,
-        bw_compiler=compiler,
+        fw_compiler=_graph_compiler(options, "forward", link),
+        bw_compiler=_graph_compiler(options, "backward", link),
+        inference_compiler=_graph_compiler(options, "inference", link),
         decompositions=_decompositions(),
         # Input mutations (optimizer state, BatchNorm running statistics) stay in the graph
         # as copy_ nodes: the executable writes them, instead of one eager copy_ per input.

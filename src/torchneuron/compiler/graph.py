@@ -13,6 +13,7 @@ import hashlib
 import operator
 import time
 import warnings
+from contextlib import nullcontext
 from typing import Any
 
 import jax
@@ -89,6 +90,9 @@ class GraphInterpreter:
             n for n in self.nodes
             if n.op == "call_function" and n.target in LOWERINGS and LOWERINGS[n.target].rng
         ]
+        # node -> rewrite(args, kwargs, call) used instead of the plain call while a bucketed
+        # executable is traced (compiler/buckets.py installs them).
+        self.rules: dict = {}
         self._check_lowerable()
 
     def _check_lowerable(self) -> None:
@@ -169,6 +173,11 @@ class GraphInterpreter:
                 continue
             if _is_foreach(target):
                 env[node] = self._foreach(node, target, args, kwargs)
+                continue
+            rule = self.rules.get(node)
+            if rule is not None:
+                env[node] = rule(args, kwargs, lambda a, k, node=node, target=target: self._call(
+                    node, target, a, k, draw_iter, checks))
                 continue
             env[node] = self._call(node, target, args, kwargs, draw_iter, checks)
         raise AssertionError("graph without output")
@@ -260,6 +269,9 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, options: dict[str, Any]) -> None:
         self.gm = gm
+        # compiler/buckets.GraphBucketing, set by the backend for a graph with dynamic sizes:
+        # pads each call's inputs to a bucket
+        self.bucketing = None
         self.options = options
         self.max_shapes = int(options.get("max_shapes", 16))
         self.strict = bool(options.get("strict", False))
@@ -285,28 +297,41 @@ class CompiledGraph:
         bump("graphs_compiled")
 
     def __call__(self, *args) -> list:
+        call = self.bucketing.prepare(args) if self.bucketing is not None else None
+        if call is not None:
+            args = call.args
         key, inputs, tensor_slots = self._signature(args)
         if fusion.any_pending(inputs):  # recorded eager ops produce some inputs: run them
             fusion.flush()
             key, inputs, tensor_slots = self._signature(args)
         # An executable traced under lowering overrides (torchneuron.library.override) serves
         # only calls under the same overrides.
-        cache_key = (key, overrides.token())
+        cache_key = (key, overrides.token(), None if call is None else call.tag)
         entry = self.executables.get(cache_key)
         if entry is None:
-            entry = self._build(key, inputs, args, cache_key)
+            try:
+                entry = self._build(key, inputs, args, cache_key, call)
+            except Exception as err:
+                if call is None or call.analysis is None:
+                    raise
+                # A bucket that cannot be traced: per shape from now on (where a genuine
+                # error raises again, unpadded).
+                self.bucketing.give_up(getattr(err, "op_name", "a padding rewrite"), err)
+                return self(*call.original)
         else:
             self.executables.move_to_end(cache_key)
             bump("memory_cache_hits")
         executable, out_layouts, messages = entry
         draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes]
-        outputs, checks, writes = executable(inputs, draws)
+        sizes = [] if call is None else call.sizes
+        outputs, checks, writes = executable(inputs, draws, sizes)
         for bad, message in zip(checks, messages):
             if bool(bad):
                 raise index_exception(message)
         if writes:
             self._apply_mutations(key, args, writes)
-        return self._wrap(outputs, out_layouts, args)
+        results = self._wrap(outputs, out_layouts, args)
+        return results if call is None else call.finish(results)
 
     def _apply_mutations(self, key: tuple, args, writes: list) -> None:
         aliased = key[-1]
@@ -379,17 +404,18 @@ class CompiledGraph:
         return values, raw
 
     # -- building --------------------------------------------------------------------------
-    def _build(self, key: tuple, inputs: list, args: list, cache_key: tuple):
+    def _build(self, key: tuple, inputs: list, args: list, cache_key: tuple, call=None):
         start = time.perf_counter()
         aliased = key[-1]
         out_nodes = self._output_metas()
         layouts: list = []
         messages: list = []
 
-        def fn(inputs, draws):
+        def fn(inputs, draws, sizes):
             values, raw = self._placeholder_values(key, inputs)
             mutated: dict = {}
-            outputs, checks = self.interpreter.run(values, draws, mutated)
+            with call.tracing(self.interpreter, sizes) if call is not None else nullcontext():
+                outputs, checks = self.interpreter.run(values, draws, mutated)
             flat = []
             layouts.clear()
             for i, (out, meta) in enumerate(zip(outputs, out_nodes)):
@@ -424,7 +450,7 @@ class CompiledGraph:
 
         jitted = jax.jit(fn)
         draws = [rng.split_draw((0, 0)) for _ in self.interpreter.rng_nodes]
-        traced = jitted.trace(inputs, draws)
+        traced = jitted.trace(inputs, draws, [] if call is None else call.sizes)
         lowered = traced.lower()
         disk_key = self._disk_key(key, lowered)
         executable = self._load_from_disk(disk_key)
@@ -446,8 +472,9 @@ class CompiledGraph:
     def _disk_key(self, key: tuple, lowered) -> str:
         text = lowered.as_text()
         h = hashlib.sha256()
+        # The input tree too: an entry must be called with the arguments it was built for.
         for part in (__version__, torch.__version__, jax.__version__, platform.platform_name(),
-                     self.graph_digest, repr(key), text):
+                     self.graph_digest, repr(key), str(lowered.in_tree), text):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
