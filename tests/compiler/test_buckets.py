@@ -320,3 +320,36 @@ def test_training_over_varying_lengths_matches_eager(lengths, marked):
         assert stats["xla_compilations"] == 2
     else:  # 9 static (forward, backward); then buckets 16 and 8 for the dynamic pair
         assert stats["xla_compilations"] == 2 + 2 * 2
+
+
+class LMWithLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lm = TinyLM(layers=1)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.lm(x).view(-1, 17), y.view(-1))
+
+
+def test_dynamic_training_with_the_loss_in_the_graph_compiles_once():
+    # The forward saves views of its inputs (the flattened targets): reading their symbolic
+    # sizes with int() used to specialize the graph to the first shape, so that Dynamo
+    # recompiled for every length.
+    torch.manual_seed(0)
+    eager = LMWithLoss()
+    model = copy.deepcopy(eager).to(DEV)
+    compiled = torch.compile(model, backend="neuron", dynamic=True)
+    for t in (9, 12):
+        x = _tokens(t)
+        y = torch.roll(x, -1, 1)
+        expected = eager(x, y)
+        expected.backward()
+        loss = compiled(x.to(DEV), y.to(DEV))
+        loss.backward()
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    stats = torchneuron.compile_stats()
+    assert stats["graphs_compiled"] == 2  # one forward, one backward
+    assert stats["bucketed_graphs"] == 2
+    assert stats["xla_compilations"] == 2  # bucket 16

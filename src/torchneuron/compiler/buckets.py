@@ -139,6 +139,7 @@ class BucketLink:
     symbols: tuple | None = None
     outputs: dict = field(default_factory=dict)  # static items -> {name: (layout, zero)}
     user_layouts: list = field(default_factory=list)
+    forward: Any = None  # the forward's GraphBucketing
 
 
 # ---------------------------------------------------------------------------------------
@@ -171,6 +172,8 @@ class GraphBucketing:
         self.kind = kind
         self.rule = rule
         self.link = link
+        if kind == "forward" and link is not None:
+            link.forward = self
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
         self.output_nodes = list(output.args[0])
@@ -243,16 +246,19 @@ class GraphBucketing:
     def active(self) -> bool:
         return bool(self.symbols)
 
-    def give_up(self, op: str, error: Exception) -> None:
-        """Tracing a bucket's executable failed (a rewrite the lowering does not accept):
-        this graph compiles per shape from now on, visibly."""
-        self.reason = f"tracing on padded inputs failed ({type(error).__name__}: {error})"
+    def give_up(self, op: str, error: Exception | str) -> None:
+        """Tracing a bucket's executable failed (a rewrite the lowering does not accept), or
+        the backward cannot take padded values: this graph compiles per shape from now on,
+        visibly."""
+        if isinstance(error, Exception):
+            error = f"tracing on padded inputs failed ({type(error).__name__}: {error})"
+        self.reason = error
         self._analyses.clear()
         bump("bucketed_graphs", -1)
         note_unbucketed(f"{op}: {self.reason}")
         warnings.warn(
             f"torchneuron.compile: a graph with dynamic sizes compiles once per shape because "
-            f"{op} could not be traced on padded inputs ({error})",
+            f"of {op}: {self.reason}",
             stacklevel=3,
         )
 
@@ -373,6 +379,10 @@ class GraphBucketing:
         outputs = self._link_outputs(key)
         if not outputs:
             return None
+        if len(true) != len(self.symbols):
+            raise RuntimeError(
+                "torchneuron.compile: the backward of a bucketed graph cannot tell the true "
+                f"sizes of its saved values ({self.reason})")
         true_env = {**true, **static}
         padded_env = {**{s: self.rule.bucket(v) for s, v in true.items()}, **static}
         new_args = list(args)
@@ -547,6 +557,13 @@ def for_graph(gm: torch.fx.GraphModule, kind: str, options: dict, link: BucketLi
         if hint is not None:
             static[s] = hint
     analysis = bucketing.analysis(static)
+    forward = link.forward if link is not None else None
+    if kind == "backward" and bucketing.reason is not None and forward is not None:
+        # The backward cannot tell the true sizes of the values its forward would leave
+        # padded: the forward runs per shape too (both are compiled before the first call).
+        forward.give_up("its backward", bucketing.reason)
+        link.outputs.clear()
+        return None
     if isinstance(analysis, padding.NotPadSafe):
         note_unbucketed(f"{analysis.op}: {analysis.reason}")
         warnings.warn(

@@ -549,6 +549,8 @@ def _view_of_input(node, slot: dict):
     base_meta = _val(base)
     if not isinstance(base_meta, torch.Tensor) or base_meta.dtype != meta.dtype:
         return None
+    if not (_static_layout(meta) and _static_layout(base_meta)):
+        return None  # int() of a symbolic size would specialize the graph to this shape
     try:
         if not base_meta.is_contiguous() or int(base_meta.storage_offset()) != 0:
             return None
@@ -558,6 +560,12 @@ def _view_of_input(node, slot: dict):
     except (TypeError, ValueError, RuntimeError):  # symbolic sizes
         return None
     return slot[base], size, stride, offset
+
+
+def _static_layout(meta: torch.Tensor) -> bool:
+    """Whether a fake value's sizes, strides and offset are plain ints (reading a SymInt
+    with int() would add a guard that specializes the graph to one shape)."""
+    return all(isinstance(s, int) for s in (*meta.shape, *meta.stride(), meta.storage_offset()))
 
 
 def _is_device_tensor(value) -> bool:
@@ -573,7 +581,7 @@ def _torch_dtype(meta, out) -> torch.dtype:
 def _concrete_stride(meta, shape) -> tuple[int, ...]:
     if isinstance(meta, torch.Tensor):
         try:
-            stride = tuple(int(s) for s in meta.stride())
+            stride = tuple(int(s) for s in meta.stride()) if _static_layout(meta) else None
         except (TypeError, ValueError, RuntimeError):  # symbolic strides
             stride = None
         if stride is not None and tuple(int(s) for s in meta.shape) == tuple(shape):
