@@ -59,6 +59,9 @@ SETTINGS: dict[str, Setting] = {
                 "run every eager op at the call, raising its errors there (debugging)"),
         Setting("TORCHNEURON_DIST_CHECK", "1", "bool",
                 "check that collectives agree on shapes and dtypes across ranks"),
+        Setting("TORCHNEURON_BUCKETS", "pow2", "str",
+                "how torch.compile rounds dynamic sizes up to buckets (pow2, pow2:MIN, "
+                "multiple:N, sizes:A,B,..., off)"),
     )
 }
 

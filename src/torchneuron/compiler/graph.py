@@ -13,6 +13,7 @@ import hashlib
 import operator
 import time
 import warnings
+from contextlib import nullcontext
 from typing import Any
 
 import jax
@@ -117,6 +118,9 @@ class GraphInterpreter:
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
             and (support.graph_lowering(n.target) or _NOT_RANDOM).rng
         ]
+        # node -> rewrite(args, kwargs, call) used instead of the plain call while a bucketed
+        # executable is traced (compiler/buckets.py installs them).
+        self.rules: dict = {}
         self._check_lowerable()
 
     def _check_lowerable(self) -> None:
@@ -207,6 +211,11 @@ class GraphInterpreter:
             if support.is_foreach(target):
                 env[node] = self._foreach(node, target, args, kwargs)
                 continue
+            rule = self.rules.get(node)
+            if rule is not None:
+                env[node] = rule(args, kwargs, lambda a, k, node=node, target=target: self._call(
+                    node, target, a, k, draw_iter, checks))
+                continue
             env[node] = self._call(node, target, args, kwargs, draw_iter, checks)
         raise AssertionError("graph without output")
 
@@ -263,6 +272,9 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, options: dict[str, Any]) -> None:
         self.gm = gm
+        # compiler/buckets.GraphBucketing, set by the backend for a graph with dynamic sizes:
+        # pads each call's inputs to a bucket
+        self.bucketing = None
         self.options = options
         self.max_shapes = int(options.get("max_shapes", 16))
         self.strict = bool(options.get("strict", False))
@@ -297,29 +309,41 @@ class CompiledGraph:
         bump("graphs_compiled")
 
     def __call__(self, *args) -> list:
+        call = self.bucketing.prepare(args) if self.bucketing is not None else None
+        if call is not None:
+            args = call.args
         key, inputs = self._signature(args)
         if fusion.any_pending(inputs):  # recorded eager ops produce some inputs: run them
             fusion.flush()
             key, inputs = self._signature(args)
         # An executable traced under lowering overrides (torchneuron.library.override) serves
         # only calls under the same overrides.
-        cache_key = (key, overrides.token())
+        cache_key = (key, overrides.token(), None if call is None else call.tag)
         entry = self.executables.get(cache_key)
         if entry is None:
-            entry = self._build(key, inputs, args, cache_key)
+            try:
+                entry = self._build(key, inputs, args, cache_key, call)
+            except Exception as err:
+                if call is None or call.analysis is None:
+                    raise
+                # A bucket that cannot be traced: per shape from now on (where a genuine
+                # error raises again, unpadded).
+                self.bucketing.give_up(getattr(err, "op_name", "a padding rewrite"), err)
+                return self(*call.original)
         else:
             self.executables.move_to_end(cache_key)
             STATS.memory_cache_hits += 1  # the hot path: no lock for a statistic
         executable, out_layouts, messages = entry
         draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes] \
             if self.interpreter.rng_nodes else []
+        sizes = [] if call is None else call.sizes
         donated = key[-1][1]
         if donated:
             # Eager ops recorded for fusion may still read a buffer this call overwrites.
             fusion.flush()
-            outputs, checks, writes = executable(*_split(inputs, donated), draws)
+            outputs, checks, writes = executable(*_split(inputs, donated), draws, sizes)
         else:
-            outputs, checks, writes = executable([], inputs, draws)
+            outputs, checks, writes = executable([], inputs, draws, sizes)
         if messages:
             for bad, message in zip(checks, messages):
                 if bool(bad):
@@ -328,7 +352,8 @@ class CompiledGraph:
             self.host_updates.apply(args)
         if writes:
             self._apply_mutations(key, args, writes)
-        return self._wrap(outputs, out_layouts, args)
+        results = self._wrap(outputs, out_layouts, args)
+        return results if call is None else call.finish(results)
 
     def _apply_mutations(self, key: tuple, args, writes: list) -> None:
         aliased = key[-1][0]
@@ -421,17 +446,18 @@ class CompiledGraph:
         return values, raw
 
     # -- building --------------------------------------------------------------------------
-    def _build(self, key: tuple, inputs: list, args: list, cache_key: tuple):
+    def _build(self, key: tuple, inputs: list, args: list, cache_key: tuple, call=None):
         start = time.perf_counter()
         aliased, donated = key[-1]
         out_nodes = self._output_metas()
         layouts: list = []
         messages: list = []
 
-        def fn(donated_buffers, kept, draws):
+        def fn(donated_buffers, kept, draws, sizes):
             values, raw = self._placeholder_values(key, _merge(donated_buffers, kept, donated))
             mutated: dict = {}
-            outputs, checks = self.interpreter.run(values, draws, mutated)
+            with call.tracing(self.interpreter, sizes) if call is not None else nullcontext():
+                outputs, checks = self.interpreter.run(values, draws, mutated)
             flat = []
             layouts.clear()
             for i, (out, meta) in enumerate(zip(outputs, out_nodes)):
@@ -472,7 +498,7 @@ class CompiledGraph:
         # Donated buffers (parameters, optimizer state) are overwritten in place by XLA.
         jitted = jax.jit(fn, donate_argnums=(0,))
         draws = [rng.split_draw((0, 0)) for _ in self.interpreter.rng_nodes]
-        traced = jitted.trace(*_split(inputs, donated), draws)
+        traced = jitted.trace(*_split(inputs, donated), draws, [] if call is None else call.sizes)
         lowered = traced.lower()
         disk_key = self._disk_key(key, lowered)
         executable = self._load_from_disk(disk_key)
@@ -497,8 +523,10 @@ class CompiledGraph:
     def _disk_key(self, key: tuple, lowered) -> str:
         text = lowered.as_text()
         h = hashlib.sha256()
-        for part in (_DISK_FORMAT, __version__, torch.__version__, jax.__version__, platform.platform_name(),
-                     self.graph_digest, repr(key), text):
+        # The input tree too: an entry must be called with the arguments it was built for.
+        for part in (_DISK_FORMAT, __version__, torch.__version__, jax.__version__,
+                     platform.platform_name(), self.graph_digest, repr(key),
+                     str(lowered.in_tree), text):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
@@ -580,6 +608,8 @@ def _view_of_input(node, slot: dict):
     base_meta = _val(base)
     if not isinstance(base_meta, torch.Tensor) or base_meta.dtype != meta.dtype:
         return None
+    if not (_static_layout(meta) and _static_layout(base_meta)):
+        return None  # int() of a symbolic size would specialize the graph to this shape
     try:
         if not base_meta.is_contiguous() or int(base_meta.storage_offset()) != 0:
             return None
@@ -605,6 +635,12 @@ def _merge(donated_buffers: list, kept: list, donated: tuple[int, ...]) -> list:
     return merged
 
 
+def _static_layout(meta: torch.Tensor) -> bool:
+    """Whether a fake value's sizes, strides and offset are plain ints (reading a SymInt
+    with int() would add a guard that specializes the graph to one shape)."""
+    return all(isinstance(s, int) for s in (*meta.shape, *meta.stride(), meta.storage_offset()))
+
+
 def _is_device_tensor(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == NEURON
 
@@ -622,7 +658,7 @@ def _torch_dtype(meta, out) -> torch.dtype:
 def _concrete_stride(meta, shape) -> tuple[int, ...]:
     if isinstance(meta, torch.Tensor):
         try:
-            stride = tuple(int(s) for s in meta.stride())
+            stride = tuple(int(s) for s in meta.stride()) if _static_layout(meta) else None
         except (TypeError, ValueError, RuntimeError):  # symbolic strides
             stride = None
         if stride is not None and tuple(int(s) for s in meta.shape) == tuple(shape):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -15,18 +16,32 @@ class CompileStats:
     disk_cache_errors: int = 0  # unreadable/corrupted on-disk entries ignored and rebuilt
     eager_fallbacks: int = 0  # graphs that could not be lowered and run op by op instead
     compile_seconds: float = 0.0  # time spent lowering and compiling (or loading) executables
+    # Bucketed compilation (compiler/buckets.py): graphs with dynamic sizes run on inputs
+    # padded to a bucket, one executable per bucket.
+    bucketed_graphs: int = 0  # graphs with dynamic sizes proven exact on padded inputs
+    unbucketed_graphs: int = 0  # graphs with dynamic sizes kept at one executable per shape
+    unbucketed_reasons: list = field(default_factory=list)  # "op: why" for each of those
+    bucketed_calls: int = 0  # calls that ran a bucket's executable
+    bucket_adapter_compilations: int = 0  # small programs that pad inputs and cut outputs
 
 
 _lock = threading.Lock()
 STATS = CompileStats()
 
 
-def bump(field: str, amount: float = 1) -> None:
+def bump(field_name: str, amount: float = 1) -> None:
     with _lock:
-        setattr(STATS, field, getattr(STATS, field) + amount)
+        setattr(STATS, field_name, getattr(STATS, field_name) + amount)
 
 
-def compile_stats() -> dict[str, float]:
+def note_unbucketed(reason: str) -> None:
+    """A graph with dynamic sizes that compiles once per shape, and why."""
+    with _lock:
+        STATS.unbucketed_graphs += 1
+        STATS.unbucketed_reasons.append(reason)
+
+
+def compile_stats() -> dict[str, Any]:
     """A snapshot of the compile backend's counters."""
     with _lock:
         return asdict(STATS)
@@ -34,5 +49,5 @@ def compile_stats() -> dict[str, float]:
 
 def reset_compile_stats() -> None:
     with _lock:
-        for field, value in asdict(CompileStats()).items():
-            setattr(STATS, field, value)
+        for name, value in asdict(CompileStats()).items():
+            setattr(STATS, name, value)

@@ -1,0 +1,136 @@
+"""Dynamic sequence lengths under torch.compile: bucketed executables against one executable per
+shape and against eager mode (issue 14, docs/DYNAMIC_SHAPES.md).
+
+A causal transformer LM (examples/char_gpt.py: 4 layers, d 256, 4 heads) runs over 10 sequence
+lengths between 17 and 128, once for inference (`torch.no_grad`, eval mode: logits) and once
+for training (loss, backward, SGD step), in three configurations that each start from the
+same weights and see the same batches:
+
+- `eager`: the neuron device op by op (adaptive eager fusion as configured);
+- `per-shape`: `torch.compile(model, backend="neuron", dynamic=True, options={"buckets": "off"})`;
+- `bucketed`: the same with the default rule (`pow2`: buckets 32, 64, 128).
+
+Each configuration makes two passes over the lengths: the first includes every compilation
+(Dynamo, AOTAutograd, XLA), the second is the steady state. The on-disk compile cache is off, so
+every executable is compiled in this process. Reported: the backend's counters
+(`torchneuron.compile_stats()`), both pass times (wall clock, after `torch.neuron.synchronize()`),
+and the largest difference from eager (logits for inference, per-step loss for training).
+
+    python benchmarks/bucket_bench.py [--modes inference,training] [--batch 4] [--lengths ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("TORCHNEURON_COMPILE_CACHE", "0")
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+
+import torchneuron  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "examples"))
+from char_gpt import CharGPT, Config  # noqa: E402
+
+LENGTHS = (17, 29, 40, 52, 64, 77, 90, 101, 115, 128)
+CONFIGS = ("eager", "per-shape", "bucketed")
+VOCAB = 66
+
+
+def make_batches(lengths, batch: int):
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for t in lengths:
+        x = torch.randint(0, VOCAB, (batch, t), generator=g)
+        out.append((x, torch.roll(x, -1, 1)))
+    return out
+
+
+def run_config(config: str, mode: str, model0: torch.nn.Module, batches) -> dict:
+    torch._dynamo.reset()
+    torchneuron.reset_compile_stats()
+    model = copy.deepcopy(model0).to("neuron")
+    if mode == "inference":
+        model.eval()
+    run = model
+    if config != "eager":
+        options = {"buckets": "off"} if config == "per-shape" else {}
+        run = torch.compile(model, backend="neuron", dynamic=True, options=options)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    device_batches = [(x.to("neuron"), y.to("neuron")) for x, y in batches]
+
+    def one_pass():
+        results = []
+        for x, y in device_batches:
+            if mode == "inference":
+                with torch.no_grad():
+                    logits, _ = run(x)
+                results.append(logits)
+            else:
+                opt.zero_grad(set_to_none=True)
+                _, loss = run(x, y)
+                loss.backward()
+                opt.step()
+                results.append(loss.detach())
+        torch.neuron.synchronize()
+        return [r.cpu() for r in results]
+
+    times = []
+    outputs = None
+    for _ in range(2):
+        start = time.perf_counter()
+        results = one_pass()
+        times.append(time.perf_counter() - start)
+        outputs = results if outputs is None else outputs
+    stats = torchneuron.compile_stats()
+    return {"first_s": times[0], "second_s": times[1], "outputs": outputs, "stats": stats}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="inference,training")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    args = parser.parse_args()
+    lengths = [int(v) for v in args.lengths.split(",")]
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    cfg = Config(vocab_size=VOCAB, block_size=max(lengths), n_layer=4, n_head=4, d_model=256,
+                 batch_size=args.batch)
+    model0 = CharGPT(cfg)
+    batches = make_batches(lengths, args.batch)
+    load_start = os.getloadavg()[0]
+    print(f"# lengths {lengths}, batch {args.batch}; load average at start {load_start:.2f}")
+    print("| mode | config | graphs | XLA executables | pad/cut programs | bucketed calls "
+          "| first pass s | second pass s | max diff vs eager |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for mode in args.modes.split(","):
+        reference = None
+        for config in args.configs.split(","):
+            r = run_config(config, mode, model0, batches)
+            if config == "eager":
+                reference = r["outputs"]
+            diff = ""
+            if reference is not None and config != "eager":
+                worst = max(float((a - b).abs().max()) for a, b in zip(r["outputs"], reference))
+                diff = f"{worst:.2e}"
+            s = r["stats"]
+            unbucketed = "; ".join(s["unbucketed_reasons"])
+            print(f"| {mode} | {config} | {s['graphs_compiled']} | {s['xla_compilations']} "
+                  f"| {s['bucket_adapter_compilations']} | {s['bucketed_calls']} "
+                  f"| {r['first_s']:.1f} | {r['second_s']:.1f} | {diff} |"
+                  + (f" unbucketed: {unbucketed}" if unbucketed else ""), flush=True)
+    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
