@@ -22,10 +22,17 @@ def _advised(x):
     return x * 2 + 1
 
 
-def test_warning_once_does_not_split_the_graph_after_a_reset(monkeypatch):
+def test_warning_once_does_not_split_the_graph_after_a_reset():
     # As in a process whose backend was imported before its first compilation and whose
     # first call was a reset: the callback is gone and the ignore list has no advisories.
-    monkeypatch.setattr(torch._dynamo.config, "ignore_logging_functions", set())
+    # (config.patch, not pytest's monkeypatch: newer pytest undoes a module attribute that is
+    # not in the module's __dict__ by deleting it, which hides a Dynamo config entry.)
+    with torch._dynamo.config.patch(ignore_logging_functions=set()):
+        _compile_after_reset()
+    torch._dynamo.reset()
+
+
+def _compile_after_reset() -> None:
     torch._dynamo.reset()
     assert advisories.ignore_advisories not in torch._dynamo.callback.callback_handler.start_callbacks
     torch._dynamo.utils.counters.clear()
@@ -35,4 +42,3 @@ def test_warning_once_does_not_split_the_graph_after_a_reset(monkeypatch):
     torch.testing.assert_close(out.cpu(), torch.arange(4.0) * 2 + 1)
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     assert logging.Logger.warning_once in torch._dynamo.config.ignore_logging_functions
-    torch._dynamo.reset()
