@@ -137,7 +137,7 @@ def test_host_time_of_a_compiled_call_beyond_its_executable():
         compiled(x)
     # CPU time of this process (all threads), which other load on a shared machine inflates
     # far less than wall time; best of several rounds.
-    bare = _process_us_per_call(lambda: executable([], inputs, []))
+    bare = _process_us_per_call(lambda: executable([], inputs, [], []))
     total = _process_us_per_call(lambda: compiled(x))
     assert total - bare <= 30, f"compiled call {total:.1f} us, executable alone {bare:.1f} us"
 
