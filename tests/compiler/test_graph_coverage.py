@@ -8,12 +8,16 @@ reaches through runtime kernels or composite kernels (`_to_copy`, `empty_permute
 
 from __future__ import annotations
 
+import inspect
+import math
+import re
 import warnings
 
 import pytest
 import torch
 import torch._decomp
 import torch._dynamo
+from torch.utils._sympy.reference import TensorReferenceAnalysis
 
 import torchneuron
 from torchneuron.compiler import support
@@ -76,6 +80,32 @@ def test_every_op_eager_runs_on_the_device_can_be_in_a_graph():
         assert support.op_refusal(op) is None, op
 
 
+def _symbolic_scalar_ops() -> set:
+    """The ATen ops Dynamo's pass for symbolic Python floats (torch.fx.passes.
+    _tensorify_python_scalars) can put into a graph after AOTAutograd's decompositions: those
+    of the sympy interpreter it uses, some of them composite ops no decomposition removes."""
+    source = inspect.getsource(TensorReferenceAnalysis)
+    ops = set()
+    for name, overload in re.findall(r"torch\.ops\.aten\.(\w+)(?:\.(\w+))?", source):
+        packet = getattr(aten, name)
+        for each in [overload] if overload else packet.overloads():
+            op = getattr(packet, each, None)  # the source names some overloads that do not exist
+            if op is None:
+                continue
+            if not any(a.alias_info and a.alias_info.is_write for a in op._schema.arguments):
+                ops.add(op)
+    ops.add(torch.ops.prims.convert_element_type.default)
+    return ops
+
+
+def test_ops_of_symbolic_python_scalars_can_be_in_a_graph():
+    ops = _symbolic_scalar_ops()
+    assert aten.true_divide.Tensor in ops and len(ops) > 30  # the walk read the interpreter
+    # A lowering, not a decomposition: the pass runs after AOTAutograd has decomposed.
+    missing = [str(op) for op in sorted(ops, key=str) if support.graph_lowering(op) is None]
+    assert not missing, "ops of symbolic scalars that graphs cannot hold: " + ", ".join(missing)
+
+
 def test_ops_graphs_cannot_hold_are_data_dependent_or_host_side():
     # The exceptions are few and each says why (a reason a user can act on).
     for op, reason in support.NOT_IN_GRAPHS.items():
@@ -120,6 +150,22 @@ def test_dtype_casts_inside_a_graph():
 
     g = torch.Generator().manual_seed(0)
     _compiled_matches_eager(f, torch.randn(4, 8, dtype=torch.float64, generator=g) * 3, grad=True)
+
+
+def test_symbolic_python_floats_inside_a_graph():
+    # With dynamic=True a Python float argument stays symbolic: Dynamo computes with it as
+    # 0-d float64 tensors (`true_divide`, `convert_element_type`, ...), one executable for all.
+    def f(x, s):
+        return x * (s / 3.0) + math.sqrt(s) * x - s ** 2
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    x = torch.arange(6.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no graph runs eagerly
+        for s in (2.0, 3.5, 4.25):
+            torch.testing.assert_close(compiled(x.to(DEV), s).cpu(), f(x, s))
+    stats = torchneuron.compile_stats()
+    assert stats["eager_fallbacks"] == 0 and stats["xla_compilations"] == 1
 
 
 def test_host_values_inside_a_graph():

@@ -147,6 +147,8 @@ class GraphInterpreter:
                 if refusal is not None:
                     raise LoweringError(node, refusal)
                 lowering = support.graph_lowering(target)
+                if lowering is None:  # decomposable, yet left in the graph by a later pass
+                    raise LoweringError(node, "it has no graph lowering")
                 if lowering.only_when is not None:
                     plan = plan_for(target)
                     arguments = dict(zip(plan.arg_names, _examples(plan, node.args, node.kwargs)))

@@ -213,6 +213,9 @@ def mul(x, y):
 
 
 @lowers(aten.div.Tensor, aten.div.Scalar, promote=Promotion.INT_TO_FLOAT)
+# true_divide: as for bitwise_and.Scalar_Tensor below, only Dynamo's symbolic-scalar pass
+# leaves it in a graph.
+@lowers(aten.true_divide.Tensor, promote=Promotion.INT_TO_FLOAT, graph_only=True)
 def div(x, y):
     return x / y
 
@@ -429,12 +432,15 @@ def _bitwise(fn_bool, fn_int):
     return lower
 
 
-lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, promote=Promotion.DEFAULT)(
-    _bitwise(jnp.logical_and, jnp.bitwise_and))
-lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, promote=Promotion.DEFAULT)(
-    _bitwise(jnp.logical_or, jnp.bitwise_or))
-lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, promote=Promotion.DEFAULT)(
-    _bitwise(jnp.logical_xor, jnp.bitwise_xor))
+for _name, _logical, _bits in (("bitwise_and", jnp.logical_and, jnp.bitwise_and),
+                                ("bitwise_or", jnp.logical_or, jnp.bitwise_or),
+                                ("bitwise_xor", jnp.logical_xor, jnp.bitwise_xor)):
+    _packet = getattr(aten, _name)
+    lowers(_packet.Tensor, _packet.Scalar, promote=Promotion.DEFAULT)(_bitwise(_logical, _bits))
+    # (Scalar, Tensor): eager mode reaches it through its composite kernel; compiled graphs
+    # get it from Dynamo's pass that turns symbolic Python scalars into 0-d tensors.
+    lowers(_packet.Scalar_Tensor, promote=Promotion.DEFAULT, graph_only=True)(
+        _bitwise(_logical, _bits))
 
 
 @lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,

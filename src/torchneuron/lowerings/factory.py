@@ -10,6 +10,7 @@ from .dtypes import to_jax_dtype
 from .registry import decomposes, lowers
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 def _dtype(dtype):
@@ -137,6 +138,17 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     x = jnp.asarray(self)
     if dtype is None:
         return x  # values are immutable inside a trace: the copy is the value itself
+    return _cast(x, dtype)
+
+
+# PyTorch's own decompositions (torch._refs) cast with this prim; with dynamic shapes some of
+# them reach the backend's graphs.
+@lowers(prims.convert_element_type.default, graph_only=True)
+def convert_element_type(a, dtype):
+    return _cast(jnp.asarray(a), dtype)
+
+
+def _cast(x, dtype):
     target = to_jax_dtype(dtype)
     if jnp.iscomplexobj(x) and not jnp.issubdtype(target, jnp.complexfloating):
         x = jnp.real(x)  # PyTorch drops the imaginary part (with a warning, at trace time)
