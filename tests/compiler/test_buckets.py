@@ -140,6 +140,14 @@ SAFE = {
                   _with_targets),
     "arange_size": lambda x: x[..., 0] + torch.arange(x.shape[1], device=x.device),
     "size_as_count": lambda x: x.sum(1) / x.shape[1],
+    # several index tensors, broadcast (HF's attention masks: mask[batch_idx, kv_idx])
+    "index_several": lambda x: (x[..., 0] > 0).long()[
+        torch.arange(3, device=x.device)[:, None, None],
+        torch.arange(x.shape[1], device=x.device)[None, None, :]],
+    # into the padded dim, with a negative index: -1 is the last true position
+    "index_padded_dim": lambda x: x[:, torch.tensor([-1, 0, 2], device=x.device)],
+    "index_not_adjacent": lambda x: x[torch.tensor([2, 0], device=x.device), :,
+                                      torch.tensor([1, 5], device=x.device)],
 }
 
 
@@ -163,6 +171,8 @@ UNSAFE = {
     "gather_padded": (lambda x: x.gather(1, torch.zeros(3, 2, 6, dtype=torch.long, device=x.device)),
                       "aten.gather.default", "gathers along a padded dimension"),
     "roll": (lambda x: x.roll(1, 1), "aten.roll.default", "reverses or rotates a padded dimension"),
+    "index_merged_padded_dim": (lambda x: x.reshape(-1, 6)[torch.tensor([0, 4], device=x.device)],
+                                "aten.index.Tensor", "laid out in several factors"),
 }
 
 
@@ -181,6 +191,25 @@ def test_unsafe_graph_compiles_per_shape_and_says_why(name):
                for w in caught)
     assert stats["bucketed_calls"] == 0
     assert stats["xla_compilations"] == len(LENGTHS)
+
+
+def test_an_index_past_the_true_size_raises_inside_the_bucket():
+    # Position 5 exists in the padded length 8 but not in the true length 5: an unpadded
+    # graph raises, so the bucketed one must too (negative indices count from the true end).
+    def fn(x, i):
+        return x[:, i]
+
+    compiled = torch.compile(fn, backend="neuron")
+    x = _inputs(5)
+    torch._dynamo.mark_dynamic(x, 1)
+    ok = torch.tensor([-5, 4], device=DEV)
+    _same(compiled(x, ok), fn(x, ok))
+    for bad in (5, -6):
+        with pytest.raises(IndexError):
+            fn(x, torch.tensor([bad, 0], device=DEV))
+        with pytest.raises(IndexError):
+            compiled(x, torch.tensor([bad, 0], device=DEV))
+    assert torchneuron.compile_stats()["bucketed_graphs"] == 1
 
 
 def test_buckets_off_compiles_per_shape():

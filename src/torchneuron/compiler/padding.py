@@ -1462,32 +1462,60 @@ def gather(an: Analyzer, node) -> None:
 
 @rule(aten.index.Tensor, aten._unsafe_index.Tensor)
 def index(an: Analyzer, node) -> None:
+    # Advanced indexing with one or more index tensors (broadcast together). Padded index
+    # entries are set to 0, a valid index, and land in padded positions of the result. An
+    # index into a padded source dim keeps the true bounds: a value outside the true size
+    # (negative ones wrapped by the true size) is moved outside the bucket, so the graph's
+    # bound check raises where the unpadded graph would.
     source = an.layout(node.args[0])
     indices = list(node.args[1])
     present = [i for i, x in enumerate(indices) if x is not None]
-    if len(present) != 1:
-        if any(padded_dims(an.layout(indices[i]) or ()) for i in present) or \
-                any(is_padded(source[i]) for i in present):
-            an.fail(node, "advanced indexing with several index tensors")
+    if not present:
         _static_or_same(an, node)
         return
-    p = present[0]
-    if is_padded(source[p]):
-        an.fail(node, "indexes into a padded dimension (its bounds are the true size)")
-    idx = an.layout(indices[p])
-    layout = source[:p] + idx + source[p + 1:]
+    bounded = []
+    for p in present:
+        if is_padded(source[p]):
+            if len(source[p]) != 1:
+                an.fail(node, "indexes into a padded dimension laid out in several factors")
+            bounded.append(p)
+    layouts = {p: an.layout(indices[p]) for p in present}
+    if any(layout is None for layout in layouts.values()):
+        an.fail(node, "an index that is not a tensor")
+    rank = max(len(layout) for layout in layouts.values())
+    dims: list = [()] * rank
+    for layout in layouts.values():
+        for j, d in enumerate(layout, start=rank - len(layout)):
+            if d == ():
+                continue
+            if dims[j] == ():
+                dims[j] = d
+            elif dims[j] != d:
+                an.fail(node, "its index tensors lay out a padded dimension differently")
+    if present == list(range(present[0], present[-1] + 1)):  # adjacent: in place
+        layout = source[:present[0]] + tuple(dims) + source[present[-1] + 1:]
+    else:  # PyTorch moves the indexed dims to the front
+        layout = tuple(dims) + tuple(d for i, d in enumerate(source) if i not in present)
     an.set(node, an.check(node, layout))
-    idx_layout = idx
-    padded = padded_dims(idx_layout)
-    if padded and not set(padded) <= an.zero(indices[p]):
+    masked = [(p, layouts[p], padded_dims(layouts[p])) for p in present
+              if padded_dims(layouts[p]) and not set(padded_dims(layouts[p])) <= an.zero(indices[p])]
+    if not bounded and not masked:
+        return
 
-        def replace_indices(args, kwargs, call, trace, p=p):
-            args = list(args)
-            lst = list(args[1])
-            lst[p] = trace.mask(lst[p], idx_layout, padded, ZERO)
-            args[1] = lst
-            return call(args, kwargs)
-        an.actions[node] = replace_indices
+    def rewrite(args, kwargs, call, trace):
+        args = list(args)
+        lst = list(args[1])
+        for p in bounded:
+            true, bucket = trace.true(source[p][0]), trace.padded(source[p][0])
+            i = lst[p]
+            i = jnp.where(i < 0, i + true, i)
+            lst[p] = jnp.where((i < 0) | (i >= true), bucket, i)
+        for p, index_layout, padded in masked:
+            lst[p] = trace.mask(lst[p], index_layout, padded, ZERO)
+        args[1] = lst
+        return call(args, kwargs)
+
+    an.actions[node] = rewrite
 
 
 def _static_or_same(an: Analyzer, node) -> None:
