@@ -188,6 +188,7 @@ class GraphBucketing:
                              if isinstance(n, torch.fx.Node)
                              and isinstance(n.meta.get("val"), torch.SymInt)}
         self.reason: str | None = None
+        self.kept_exact: tuple = ()  # symbols left unpadded so that the others can be
         self._analyses: dict = {}
         self._symbols()
         self._bindings()
@@ -222,14 +223,17 @@ class GraphBucketing:
                 if s in symbols:
                     self.size_bindings.setdefault(s, (i, None))
                 else:
-                    self.static_bindings.setdefault(s, i)
+                    self.static_bindings.setdefault(s, (i, None))
         for i, node in enumerate(self.placeholders):
             meta = node.meta.get("val")
-            if isinstance(meta, torch.Tensor) and node.name not in saved:
+            if isinstance(meta, torch.Tensor):
                 for d, size in enumerate(meta.shape):
                     s = _symbol_of(size)
                     if s in symbols:
-                        self.size_bindings.setdefault(s, (i, d))
+                        if node.name not in saved:
+                            self.size_bindings.setdefault(s, (i, d))
+                    elif s is not None:  # never padded: any input has its true value
+                        self.static_bindings.setdefault(s, (i, d))
         missing = [s for s in self.symbols if s not in self.size_bindings]
         if missing:
             self.reason = f"the true value of size {missing[0]} is not among the graph's inputs"
@@ -330,8 +334,41 @@ class GraphBucketing:
         for s, (i, d) in self.size_bindings.items():
             value = args[i] if d is None else args[i].shape[d]
             true[s] = int(value)
-        static = {s: int(args[i]) for s, i in self.static_bindings.items()}
+        static = {s: int(args[i] if d is None else args[i].shape[d])
+                  for s, (i, d) in self.static_bindings.items()}
         return true, static
+
+    def static_hints(self) -> dict:
+        """The example value of each non-bucketed symbol, from the graph's fake inputs."""
+        static = {}
+        for s, (i, d) in self.static_bindings.items():
+            meta = self.placeholders[i].meta.get("val")
+            hint = _hint(meta if d is None else meta.shape[d])
+            if hint is not None:
+                static[s] = hint
+        return static
+
+    def keep_exact(self):
+        """After a failed analysis: the first bucketed symbol whose padding the proof refused
+        (a vocabulary or hidden size marked dynamic along with the length) becomes a
+        per-shape size and the others stay bucketed. The new analysis, or None (unchanged)
+        when no single symbol helps."""
+        if self.kind == "backward" or len(self.symbols) < 2 or self.reason is not None:
+            return None
+        symbols = self.symbols
+        for dropped in symbols:
+            self.symbols = tuple(s for s in symbols if s != dropped)
+            self._analyses.clear()
+            self._bindings()
+            analysis = self.analysis(self.static_hints())
+            if not isinstance(analysis, padding.NotPadSafe) and self.reason is None:
+                self.kept_exact = (*self.kept_exact, dropped)
+                return analysis
+        self.symbols = symbols
+        self.reason = None
+        self._analyses.clear()
+        self._bindings()
+        return None
 
     def prepare(self, args) -> Call | None:
         """The call's padded arguments and sizes, or None to run it as it is."""
@@ -551,12 +588,9 @@ def for_graph(gm: torch.fx.GraphModule, kind: str, options: dict, link: BucketLi
     bucketing = GraphBucketing(gm, kind, rule, link, user_outputs)
     if not bucketing.active:
         return None
-    static = {}
-    for s, i in bucketing.static_bindings.items():
-        hint = _hint(bucketing.placeholders[i].meta.get("val"))
-        if hint is not None:
-            static[s] = hint
-    analysis = bucketing.analysis(static)
+    analysis = bucketing.analysis(bucketing.static_hints())
+    if isinstance(analysis, padding.NotPadSafe):
+        analysis = bucketing.keep_exact() or analysis
     forward = link.forward if link is not None else None
     if kind == "backward" and bucketing.reason is not None and forward is not None:
         # The backward cannot tell the true sizes of the values its forward would leave

@@ -909,6 +909,55 @@ def slice_(an: Analyzer, node) -> None:
     _install(an, node, replace=dynamic)
 
 
+@rule(aten.slice_scatter.default)
+def slice_scatter(an: Analyzer, node) -> None:
+    # The backward of a slice: `src` written into `self[start:end]` along `dim`. Along a
+    # padded dim only the true part of `src` is written (its padding would land on true
+    # positions of `self` when `end` stops short of the true end).
+    slots = Slots(node)
+    base, src = an.layout(node.args[0]), an.layout(node.args[1])
+    rank = len(base)
+    dim = _norm_dim(slots.value("dim") or 0, rank)
+    start, step = slots.value("start"), slots.value("step")
+    start = 0 if start is None else start
+    for k in range(rank):
+        if k != dim and base[k] != src[k]:
+            an.fail(node, "its source lays out a padded dimension differently")
+    an.set(node, an.check(node, base))
+    if not is_padded(base[dim]):
+        _only_sizes(an, node)
+        return
+    if len(base[dim]) != 1 or (step is not None and step != 1):
+        an.fail(node, "a step other than 1, or a dimension flattened from a padded one")
+    start_e = an.expr(start)
+    if start_e.is_Integer and int(start_e) < 0:
+        start_e = base[dim][0] + start_e
+    _only_sizes(an, node, ("start", "end"))
+    if start_e.is_Integer:
+        offset, length_e = int(start_e), dim_size(src[dim])
+
+        def write_true_part(slots, args, kwargs, trace):
+            x, y = slots.get(args, kwargs, "self"), slots.get(args, kwargs, "src")
+            y = lax.slice_in_dim(y, 0, min(y.shape[dim], x.shape[dim] - offset), axis=dim)
+            placed = lax.dynamic_update_slice_in_dim(x, y, offset, axis=dim)
+            shape = [1] * x.ndim
+            shape[dim] = x.shape[dim]
+            pos = lax.broadcasted_iota(jnp.int64, tuple(shape), dim)
+            inside = (pos >= offset) & (pos < offset + trace.true(length_e))
+            return jnp.where(inside, placed, x)
+
+        _install(an, node, replace=write_true_part)
+        return
+    if is_padded(src[dim]):
+        an.fail(node, "a padded source written at an offset counted from the true end")
+
+    def write_at_true_offset(slots, args, kwargs, trace):  # x[:, -k:] backward
+        x, y = slots.get(args, kwargs, "self"), slots.get(args, kwargs, "src")
+        return lax.dynamic_update_slice_in_dim(x, y, trace.true(start_e), axis=dim)
+
+    _install(an, node, replace=write_at_true_offset)
+
+
 @rule(aten.select.int, aten.select_copy.int)
 def select(an: Analyzer, node) -> None:
     source = an.layout(node.args[0])
