@@ -16,7 +16,13 @@ every executable is compiled in this process. Reported: the backend's counters
 (`torchneuron.compile_stats()`), both pass times (wall clock, after `torch.neuron.synchronize()`),
 and the largest difference from eager (logits for inference, per-step loss for training).
 
-    python benchmarks/bucket_bench.py [--modes inference,training] [--batch 4] [--lengths ...]
+`--model hf-gpt2` runs a tiny Hugging Face GPT-2 instead (transformers, random init: 2 layers,
+n_embd 64, 4 heads, vocab 256), on padded batches: the last sequence of each batch is 5 tokens
+shorter, with its attention mask and its labels (-100) marking the padding; the difference
+from eager is then taken over the unmasked positions.
+
+    python benchmarks/bucket_bench.py [--model char-gpt|hf-gpt2] [--modes inference,training]
+        [--batch 4] [--lengths ...]
 """
 
 from __future__ import annotations
@@ -43,15 +49,35 @@ from char_gpt import CharGPT, Config  # noqa: E402
 LENGTHS = (17, 29, 40, 52, 64, 77, 90, 101, 115, 128)
 CONFIGS = ("eager", "per-shape", "bucketed")
 VOCAB = 66
+VOCAB_HF = 256
 
 
-def make_batches(lengths, batch: int):
+def make_batches(lengths, batch: int, padded: bool, vocab: int):
+    """Per length: the model's keyword arguments for training and the mask of true positions."""
     g = torch.Generator().manual_seed(1)
     out = []
     for t in lengths:
-        x = torch.randint(0, VOCAB, (batch, t), generator=g)
-        out.append((x, torch.roll(x, -1, 1)))
+        x = torch.randint(0, vocab, (batch, t), generator=g)
+        mask = torch.ones(batch, t, dtype=torch.long)
+        if padded:
+            mask[-1, t - 5:] = 0
+            out.append(({"input_ids": x, "attention_mask": mask,
+                         "labels": x.masked_fill(mask == 0, -100)}, mask.bool()))
+        else:
+            out.append(({"idx": x, "targets": torch.roll(x, -1, 1)}, mask.bool()))
     return out
+
+
+def _forward(run, kwargs: dict, training: bool):
+    """(logits, loss) of either model."""
+    if "input_ids" in kwargs:
+        if not training:
+            kwargs = {k: v for k, v in kwargs.items() if k != "labels"}
+        out = run(**kwargs)
+        return out.logits, out.loss
+    if not training:
+        return run(kwargs["idx"])
+    return run(kwargs["idx"], kwargs["targets"])
 
 
 def run_config(config: str, mode: str, model0: torch.nn.Module, batches) -> dict:
@@ -65,18 +91,18 @@ def run_config(config: str, mode: str, model0: torch.nn.Module, batches) -> dict
         options = {"buckets": "off"} if config == "per-shape" else {}
         run = torch.compile(model, backend="neuron", dynamic=True, options=options)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    device_batches = [(x.to("neuron"), y.to("neuron")) for x, y in batches]
+    device_batches = [{k: v.to("neuron") for k, v in kwargs.items()} for kwargs, _ in batches]
 
     def one_pass():
         results = []
-        for x, y in device_batches:
+        for kwargs in device_batches:
             if mode == "inference":
                 with torch.no_grad():
-                    logits, _ = run(x)
+                    logits, _ = _forward(run, kwargs, False)
                 results.append(logits)
             else:
                 opt.zero_grad(set_to_none=True)
-                _, loss = run(x, y)
+                _, loss = _forward(run, kwargs, True)
                 loss.backward()
                 opt.step()
                 results.append(loss.detach())
@@ -94,22 +120,45 @@ def run_config(config: str, mode: str, model0: torch.nn.Module, batches) -> dict
     return {"first_s": times[0], "second_s": times[1], "outputs": outputs, "stats": stats}
 
 
+def make_model(name: str, lengths, batch: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "hf-gpt2":
+        import transformers
+
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB_HF, n_positions=max(lengths),
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    cfg = Config(vocab_size=VOCAB, block_size=max(lengths), n_layer=4, n_head=4, d_model=256,
+                 batch_size=batch)
+    return CharGPT(cfg)
+
+
+def _worst(outputs, reference, batches, mode: str) -> float:
+    worst = 0.0
+    for a, b, (_, true) in zip(outputs, reference, batches):
+        d = (a - b).abs()
+        if mode == "inference":
+            d = d[true]  # the unmasked positions (all of them for char-gpt)
+        worst = max(worst, float(d.max()))
+    return worst
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="inference,training")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    parser.add_argument("--model", default="char-gpt", choices=("char-gpt", "hf-gpt2"))
     args = parser.parse_args()
     lengths = [int(v) for v in args.lengths.split(",")]
     warnings.simplefilter("ignore")
-    torch.manual_seed(0)
-    cfg = Config(vocab_size=VOCAB, block_size=max(lengths), n_layer=4, n_head=4, d_model=256,
-                 batch_size=args.batch)
-    model0 = CharGPT(cfg)
-    batches = make_batches(lengths, args.batch)
+    hf = args.model == "hf-gpt2"
+    model0 = make_model(args.model, lengths, args.batch)
+    batches = make_batches(lengths, args.batch, padded=hf, vocab=VOCAB_HF if hf else VOCAB)
     load_start = os.getloadavg()[0]
-    print(f"# lengths {lengths}, batch {args.batch}; load average at start {load_start:.2f}")
+    print(f"# model {args.model}, lengths {lengths}, batch {args.batch}; "
+          f"load average at start {load_start:.2f}")
     print("| mode | config | graphs | XLA executables | pad/cut programs | bucketed calls "
           "| first pass s | second pass s | max diff vs eager |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -121,8 +170,7 @@ def main() -> None:
                 reference = r["outputs"]
             diff = ""
             if reference is not None and config != "eager":
-                worst = max(float((a - b).abs().max()) for a, b in zip(r["outputs"], reference))
-                diff = f"{worst:.2e}"
+                diff = f"{_worst(r['outputs'], reference, batches, mode):.2e}"
             s = r["stats"]
             unbucketed = "; ".join(s["unbucketed_reasons"])
             print(f"| {mode} | {config} | {s['graphs_compiled']} | {s['xla_compilations']} "
