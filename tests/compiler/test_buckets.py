@@ -1,4 +1,4 @@
-"""Bucketed compilation of graphs with dynamic sizes (compiler/buckets.py, compiler/padding.py):
+"""Bucketed compilation of graphs with dynamic sizes (compiler/buckets.py, compiler/padding/):
 one executable per bucket, results equal to eager, and a visible fallback to one executable per
 shape where the padding analysis cannot prove a graph exact."""
 
