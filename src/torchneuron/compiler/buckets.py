@@ -487,18 +487,20 @@ def _crop_program(specs: tuple):
 
 
 def _pad_into(new_args, args, jobs, true_env, padded_env) -> None:
-    specs = tuple((_factor_sizes(layout, true_env), _factor_sizes(layout, padded_env),
-                   _shape(layout, padded_env)) for _, layout in jobs)
-    arrays = [transfer.logical_array(args[i]) for i, _ in jobs]
-    for (i, _), out in zip(jobs, _pad_program(specs)(arrays)):
-        new_args[i] = _neuron(out, args[i].dtype)
+    _resize_into(new_args, args, jobs, true_env, padded_env, _pad_program)
 
 
 def _crop_into(new_args, args, jobs, true_env, padded_env) -> None:
-    specs = tuple((_factor_sizes(layout, padded_env), _factor_sizes(layout, true_env),
-                   _shape(layout, true_env)) for _, layout in jobs)
+    _resize_into(new_args, args, jobs, padded_env, true_env, _crop_program)
+
+
+def _resize_into(new_args, args, jobs, from_env, to_env, program) -> None:
+    """new_args[i] = args[i] laid out by `layout` at the sizes of `from_env`, padded or cut to
+    those of `to_env`, for each (i, layout) of `jobs`, in one program."""
+    specs = tuple((_factor_sizes(layout, from_env), _factor_sizes(layout, to_env),
+                   _shape(layout, to_env)) for _, layout in jobs)
     arrays = [transfer.logical_array(args[i]) for i, _ in jobs]
-    for (i, _), out in zip(jobs, _crop_program(specs)(arrays)):
+    for (i, _), out in zip(jobs, program(specs)(arrays)):
         new_args[i] = _neuron(out, args[i].dtype)
 
 

@@ -145,18 +145,25 @@ def _static_or_same(an: Analyzer, node) -> None:
     an.set(node, an.canonical(meta, node))
 
 
-@rule(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
-def nll_loss(an: Analyzer, node) -> None:
-    # Padded targets become ignore_index: they add nothing to the sum nor to the count of a
-    # mean; padded log-probabilities become 0 (the lowering multiplies them by a 0 weight).
+def _nll_arguments(an: Analyzer, node, self_index: int):
+    """(slots, input layout, target layout, class dim, ignore_index) of an nll_loss node whose
+    input is argument `self_index` (its target the next one)."""
     slots = Slots(node)
-    source, target = an.layout(node.args[0]), an.layout(node.args[1])
+    source, target = an.layout(node.args[self_index]), an.layout(node.args[self_index + 1])
     class_dim = 0 if len(source) == 1 else 1
     if is_padded(source[class_dim]):
         an.fail(node, "the class dimension is padded")
     ignore = slots.value("ignore_index")
     if isinstance(ignore, torch.fx.Node):
         an.fail(node, "a symbolic ignore_index")
+    return slots, source, target, class_dim, ignore
+
+
+@rule(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss(an: Analyzer, node) -> None:
+    # Padded targets become ignore_index: they add nothing to the sum nor to the count of a
+    # mean; padded log-probabilities become 0 (the lowering multiplies them by a 0 weight).
+    slots, source, target, class_dim, ignore = _nll_arguments(an, node, 0)
     reduction = slots.value("reduction")
     metas = node.meta["val"]
     out = target if reduction == 0 else ()
@@ -172,14 +179,7 @@ def nll_loss(an: Analyzer, node) -> None:
 
 @rule(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(an: Analyzer, node) -> None:
-    slots = Slots(node)
-    source, target = an.layout(node.args[1]), an.layout(node.args[2])
-    class_dim = 0 if len(source) == 1 else 1
-    if is_padded(source[class_dim]):
-        an.fail(node, "the class dimension is padded")
-    ignore = slots.value("ignore_index")
-    if isinstance(ignore, torch.fx.Node):
-        an.fail(node, "a symbolic ignore_index")
+    _, source, target, _, ignore = _nll_arguments(an, node, 1)
     an.set(node, an.check(node, source))
     padded = padded_dims(target)
     if padded:

@@ -59,13 +59,17 @@ def addmm(an: Analyzer, node) -> None:
     la, lb = an.layout(node.args[1]), an.layout(node.args[2])
     masks = _contract(an, node, "mat1", 1, "mat2", 0)
     layout = (la[0], lb[1])
-    bias = an.layout(node.args[0])
-    for i, d in enumerate(bias):
-        j = 2 - len(bias) + i
-        if d != () and d != layout[j]:
-            an.fail(node, "its bias lays out a padded dimension differently")
+    _check_bias(an, node, layout)
     an.set(node, an.check(node, layout))
     _install(an, node, masks=masks)
+
+
+def _check_bias(an: Analyzer, node, layout) -> None:
+    """The bias (argument 0, broadcast to the product) must lay out padded dims as it does."""
+    bias = an.layout(node.args[0])
+    for i, d in enumerate(bias):
+        if d != () and d != layout[len(layout) - len(bias) + i]:
+            an.fail(node, "its bias lays out a padded dimension differently")
 
 
 @rule(aten.bmm.default)
@@ -85,11 +89,7 @@ def baddbmm(an: Analyzer, node) -> None:
         an.fail(node, "its operands lay out the batch dimension differently")
     masks = _contract(an, node, "batch1", 2, "batch2", 1)
     layout = (la[0], la[1], lb[2])
-    bias = an.layout(node.args[0])
-    for i, d in enumerate(bias):
-        j = 3 - len(bias) + i
-        if d != () and d != layout[j]:
-            an.fail(node, "its bias lays out a padded dimension differently")
+    _check_bias(an, node, layout)
     an.set(node, an.check(node, layout))
     _install(an, node, masks=masks)
 
