@@ -227,6 +227,31 @@ def test_a_size_that_cannot_be_padded_stays_exact_while_the_others_are_bucketed(
     assert stats["xla_compilations"] == 1
 
 
+def test_an_unsafe_backward_runs_per_shape_on_the_cut_saved_values():
+    # cumsum's forward is pad-safe; its backward flips along the padded dim, which is not.
+    # The forward stays bucketed; the values it saved padded (x and its cumsum) are cut to
+    # their true size before the backward runs per shape.
+    def fn(x):
+        return (x.cumsum(1) * x.tanh()).sum(1)
+
+    compiled = torch.compile(fn, backend="neuron")
+    for t in (5, 7, 6):
+        base = _inputs(t).cpu()
+        x = base.to(DEV).requires_grad_(True)
+        torch._dynamo.mark_dynamic(x, 1)
+        out = compiled(x)
+        out.sum().backward()
+        reference = base.clone().requires_grad_(True)
+        fn(reference).sum().backward()
+        _same(out.detach(), fn(base))
+        _same(x.grad, reference.grad)
+    stats = torchneuron.compile_stats()
+    assert stats["bucketed_graphs"] == 1 and stats["unbucketed_graphs"] == 1
+    assert stats["unbucketed_reasons"] == ["aten.flip.default: reverses or rotates a padded dimension"]
+    assert stats["xla_compilations"] == 1 + 3  # one bucket forward, one backward per length
+    assert stats["bucket_adapter_compilations"] == 3 + 3  # pad inputs, cut saved values
+
+
 def test_buckets_off_compiles_per_shape():
     _run_marked(SAFE["sum"], options={"buckets": "off"})
     stats = torchneuron.compile_stats()
