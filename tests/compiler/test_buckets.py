@@ -227,13 +227,16 @@ def test_a_size_that_cannot_be_padded_stays_exact_while_the_others_are_bucketed(
     assert stats["xla_compilations"] == 1
 
 
-def test_an_unsafe_backward_runs_per_shape_on_the_cut_saved_values():
+def test_an_unsafe_backward_runs_per_shape_on_the_cut_saved_values(monkeypatch):
     # cumsum's forward is pad-safe; its backward flips along the padded dim, which is not.
     # The forward stays bucketed; the values it saved padded (x and its cumsum) are cut to
     # their true size before the backward runs per shape.
     def fn(x):
         return (x.cumsum(1) * x.tanh()).sum(1)
 
+    cuts = []
+    crop = buckets._crop_into
+    monkeypatch.setattr(buckets, "_crop_into", lambda *a: (cuts.append(a[2]), crop(*a))[1])
     compiled = torch.compile(fn, backend="neuron")
     for t in (5, 7, 6):
         base = _inputs(t).cpu()
@@ -249,7 +252,9 @@ def test_an_unsafe_backward_runs_per_shape_on_the_cut_saved_values():
     assert stats["bucketed_graphs"] == 1 and stats["unbucketed_graphs"] == 1
     assert stats["unbucketed_reasons"] == ["aten.flip.default: reverses or rotates a padded dimension"]
     assert stats["xla_compilations"] == 1 + 3  # one bucket forward, one backward per length
-    assert stats["bucket_adapter_compilations"] == 3 + 3  # pad inputs, cut saved values
+    # each backward call cut the forward's padded saved values (which ones is AOTAutograd's
+    # partitioner's choice: x, tanh(x), cumsum(x) with torch 2.13)
+    assert len(cuts) == 3 and all(len(jobs) >= 1 for jobs in cuts)
 
 
 def test_buckets_off_compiles_per_shape():
@@ -437,6 +442,7 @@ def _hf_batch(t):
     return ids, mask, ids.masked_fill(mask == 0, -100)
 
 
+@pytest.mark.slow  # about 25 s; make test keeps the index_several and slice_scatter cases
 def test_hf_gpt2_trains_bucketed_over_padded_batches_as_on_cpu():
     # HF builds its attention mask with several index tensors (mask[batch_idx, kv_idx]) and
     # its shifted loss backpropagates through slice_scatter: both bucketed, forward and
