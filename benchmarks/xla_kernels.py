@@ -8,6 +8,9 @@ computation in PyTorch eager on CPU (default threads, and 1 thread).
 - the three dots of a Linear layer (forward x @ W^T, weight gradient dY^T @ X, input gradient
   dY @ W);
 - the 10-layer forward (dots and ReLUs) in one executable;
+- the convolutions of compile_bench's CNN (3x3, padding 1, batch 32: 3 -> 16 channels at 32x32
+  and 16 -> 32 at 16x16), forward and weight gradient, against `torch.nn.functional.conv2d`
+  and `torch.nn.grad.conv2d_weight`;
 - the AdamW update of the 10 weight matrices (655,360 parameters), in one executable (writing
   fresh buffers, and with the parameters and moments donated, as the compiled step does),
   against `torch.optim.AdamW` with `foreach=True` and with `fused=True`.
@@ -82,6 +85,34 @@ def _dot(a, b, f, rounds: int) -> dict:
                          "torch1": _torch_threads(lambda: f(ta, tb), 1)}, rounds, 1000)
 
 
+def _convolutions(image, kernel, grad_out, rounds: int) -> dict:
+    """Forward and weight gradient of a 3x3 convolution with padding 1, per configuration."""
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)),
+                                            dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    forward = jax.jit(conv)
+    weight_grad = jax.jit(lambda x, w, g: jax.vjp(lambda k: conv(x, k), w)[1](g)[0])
+    jx, jw, jg = (jnp.asarray(v) for v in (image, kernel, grad_out))
+    tx, tw, tg = (torch.from_numpy(v.copy()) for v in (image, kernel, grad_out))
+
+    def torch_forward():
+        return torch.nn.functional.conv2d(tx, tw, padding=1)
+
+    def torch_weight_grad():
+        return torch.nn.grad.conv2d_weight(tx, tw.shape, tg, padding=1)
+
+    return {
+        "forward": _interleaved({"jax": lambda: forward(jx, jw).block_until_ready(),
+                                 "torch": torch_forward,
+                                 "torch1": _torch_threads(torch_forward, 1)}, rounds, 100),
+        "weight gradient": _interleaved({
+            "jax": lambda: weight_grad(jx, jw, jg).block_until_ready(),
+            "torch": torch_weight_grad,
+            "torch1": _torch_threads(torch_weight_grad, 1)}, rounds, 100),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -102,6 +133,15 @@ def main() -> None:
         r = _dot(a, b, f, args.rounds)
         print(f"| {name} | {r['jax']:.1f} | {r['torch']:.1f} | {r['torch1']:.1f} "
               f"| {r['torch'] / r['jax']:.2f} |", flush=True)
+
+    for cin, cout, size in ((3, 16, 32), (16, 32, 16)):
+        image = rng.standard_normal((32, cin, size, size), dtype=np.float32)
+        kernel = rng.standard_normal((cout, cin, 3, 3), dtype=np.float32) * 0.1
+        grad_out = rng.standard_normal((32, cout, size, size), dtype=np.float32)
+        for label, r in _convolutions(image, kernel, grad_out, args.rounds).items():
+            print(f"| conv {cin} -> {cout} at {size}x{size}, {label} | {r['jax']:.1f} "
+                  f"| {r['torch']:.1f} | {r['torch1']:.1f} | {r['torch'] / r['jax']:.2f} |",
+                  flush=True)
 
     weights = [rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) * 0.05
                for _ in range(LAYERS)]
