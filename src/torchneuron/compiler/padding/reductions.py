@@ -72,24 +72,19 @@ def _check_bias(an: Analyzer, node, layout) -> None:
             an.fail(node, "its bias lays out a padded dimension differently")
 
 
-@rule(aten.bmm.default)
+@rule(aten.bmm.default, aten.baddbmm.default)
 def bmm(an: Analyzer, node) -> None:
-    la, lb = an.layout(node.args[0]), an.layout(node.args[1])
+    # baddbmm: a bias (argument 0) plus the bmm of arguments 1 and 2
+    with_bias = node.target is aten.baddbmm.default
+    first = 1 if with_bias else 0
+    la, lb = an.layout(node.args[first]), an.layout(node.args[first + 1])
     if la[0] != lb[0]:
         an.fail(node, "its operands lay out the batch dimension differently")
-    masks = _contract(an, node, "self", 2, "mat2", 1)
-    an.set(node, an.check(node, (la[0], la[1], lb[2])))
-    _install(an, node, masks=masks)
-
-
-@rule(aten.baddbmm.default)
-def baddbmm(an: Analyzer, node) -> None:
-    la, lb = an.layout(node.args[1]), an.layout(node.args[2])
-    if la[0] != lb[0]:
-        an.fail(node, "its operands lay out the batch dimension differently")
-    masks = _contract(an, node, "batch1", 2, "batch2", 1)
+    a_name, b_name = ("batch1", "batch2") if with_bias else ("self", "mat2")
+    masks = _contract(an, node, a_name, 2, b_name, 1)
     layout = (la[0], la[1], lb[2])
-    _check_bias(an, node, layout)
+    if with_bias:
+        _check_bias(an, node, layout)
     an.set(node, an.check(node, layout))
     _install(an, node, masks=masks)
 
