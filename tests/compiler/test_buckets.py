@@ -139,6 +139,8 @@ SAFE = {
     "slice_static": lambda x: x[:, :3] * 2,
     "embedding": (lambda x, idx: F.embedding(idx.clamp(0, 9), _EMB) + x[..., :4],
                   _with_targets),
+    "empty_permuted": lambda x: torch.empty_permuted(x.shape, (0, 2, 1), device=x.device)
+    .fill_(2.0) * x,
     "arange_size": lambda x: x[..., 0] + torch.arange(x.shape[1], device=x.device),
     "size_as_count": lambda x: x.sum(1) / x.shape[1],
     # several index tensors, broadcast (HF's attention masks: mask[batch_idx, kv_idx])
@@ -443,17 +445,26 @@ def _hf_batch(t):
     return ids, mask, ids.masked_fill(mask == 0, -100)
 
 
-@pytest.mark.slow  # about 25 s; make test keeps the index_several and slice_scatter cases
-def test_hf_gpt2_trains_bucketed_over_padded_batches_as_on_cpu():
-    # HF builds its attention mask with several index tensors (mask[batch_idx, kv_idx]) and
-    # its shifted loss backpropagates through slice_scatter: both bucketed, forward and
-    # backward together.
+def _hf_model(name: str):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=64,
-                                     n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
-    reference = transformers.GPT2LMHeadModel(config)
+    if name == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=64, n_positions=64, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64))
+
+
+@pytest.mark.slow  # about 25 s each; make test keeps the index_several, slice_scatter and
+# empty_permuted cases
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_hf_lm_trains_bucketed_over_padded_batches_as_on_cpu(name):
+    # HF builds its attention mask with several index tensors (mask[batch_idx, kv_idx]) and
+    # its shifted loss backpropagates through slice_scatter (Llama's backward also allocates
+    # with empty_permuted): all bucketed, forward and backward together.
+    reference = _hf_model(name)
     model = copy.deepcopy(reference).to(DEV)
     compiled = torch.compile(model, backend="neuron", dynamic=True)
     opt_r = torch.optim.SGD(reference.parameters(), lr=0.1)

@@ -110,7 +110,7 @@ for _op in _POINTWISE_EXTRA:
       aten.new_full.default, aten.new_zeros.default, aten.new_ones.default,
       aten.new_empty.default, aten.scalar_tensor.default, aten.full_like.default,
       aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
-      aten.eye.default, aten.eye.m)
+      aten.eye.default, aten.eye.m, aten.empty_permuted.default)
 def creation(an: Analyzer, node) -> None:
     # Sizes take the bucket value (the value is the same at every index, so the true
     # region holds what the unpadded graph holds); a symbolic fill value takes the true one.
