@@ -188,7 +188,6 @@ class GraphBucketing:
                              if isinstance(n, torch.fx.Node)
                              and isinstance(n.meta.get("val"), torch.SymInt)}
         self.reason: str | None = None
-        self.kept_exact: tuple = ()  # symbols left unpadded so that the others can be
         self._analyses: dict = {}
         self._symbols()
         self._bindings()
@@ -362,7 +361,6 @@ class GraphBucketing:
             self._bindings()
             analysis = self.analysis(self.static_hints())
             if not isinstance(analysis, padding.NotPadSafe) and self.reason is None:
-                self.kept_exact = (*self.kept_exact, dropped)
                 return analysis
         self.symbols = symbols
         self.reason = None

@@ -435,12 +435,11 @@ def _bitwise(fn_bool, fn_int):
 for _name, _logical, _bits in (("bitwise_and", jnp.logical_and, jnp.bitwise_and),
                                 ("bitwise_or", jnp.logical_or, jnp.bitwise_or),
                                 ("bitwise_xor", jnp.logical_xor, jnp.bitwise_xor)):
-    _packet = getattr(aten, _name)
-    lowers(_packet.Tensor, _packet.Scalar, promote=Promotion.DEFAULT)(_bitwise(_logical, _bits))
+    _packet, _kernel = getattr(aten, _name), _bitwise(_logical, _bits)
+    lowers(_packet.Tensor, _packet.Scalar, promote=Promotion.DEFAULT)(_kernel)
     # (Scalar, Tensor): eager mode reaches it through its composite kernel; compiled graphs
     # get it from Dynamo's pass that turns symbolic Python scalars into 0-d tensors.
-    lowers(_packet.Scalar_Tensor, promote=Promotion.DEFAULT, graph_only=True)(
-        _bitwise(_logical, _bits))
+    lowers(_packet.Scalar_Tensor, promote=Promotion.DEFAULT, graph_only=True)(_kernel)
 
 
 @lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
