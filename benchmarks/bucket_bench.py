@@ -6,7 +6,11 @@ lengths between 17 and 128, once for inference (`torch.no_grad`, eval mode: logi
 for training (loss, backward, SGD step), in three configurations that each start from the
 same weights and see the same batches:
 
-- `eager`: the neuron device op by op (adaptive eager fusion as configured);
+- `eager-per-shape`: the neuron device in eager mode (adaptive fusion) with eager traces
+  compiled per shape (`TORCHNEURON_BUCKETS=off` while it runs; past two shapes of a trace,
+  its new shapes run op by op): the reference of the other rows;
+- `eager`: eager mode as it comes, where a fused trace over a varying size runs bucketed
+  (compiler/eager_traces.py);
 - `per-shape`: `torch.compile(model, backend="neuron", dynamic=True, options={"buckets": "off"})`;
 - `bucketed`: the same with the default rule (`pow2`: buckets 32, 64, 128).
 
@@ -14,7 +18,7 @@ Each configuration makes two passes over the lengths: the first includes every c
 (Dynamo, AOTAutograd, XLA), the second is the steady state. The on-disk compile cache is off, so
 every executable is compiled in this process. Reported: the backend's counters
 (`torchneuron.compile_stats()`), both pass times (wall clock, after `torch.neuron.synchronize()`),
-and the largest difference from eager (logits for inference, per-step loss for training).
+and the largest difference from eager-per-shape (logits for inference, per-step loss for training).
 
 `--model hf-gpt2` runs a tiny Hugging Face GPT-2 instead (transformers, random init: 2 layers,
 n_embd 64, 4 heads, vocab 256), on padded batches: the last sequence of each batch is 5 tokens
@@ -47,7 +51,7 @@ sys.path.insert(0, str(REPO / "examples"))
 from char_gpt import CharGPT, Config  # noqa: E402
 
 LENGTHS = (17, 29, 40, 52, 64, 77, 90, 101, 115, 128)
-CONFIGS = ("eager", "per-shape", "bucketed")
+CONFIGS = ("eager-per-shape", "eager", "per-shape", "bucketed")
 VOCAB = 66
 VOCAB_HF = 256
 
@@ -81,13 +85,27 @@ def _forward(run, kwargs: dict, training: bool):
 
 
 def run_config(config: str, mode: str, model0: torch.nn.Module, batches) -> dict:
+    saved = os.environ.get("TORCHNEURON_BUCKETS")
+    if config == "eager-per-shape":
+        os.environ["TORCHNEURON_BUCKETS"] = "off"
+    try:
+        return _run_config(config, mode, model0, batches)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHNEURON_BUCKETS", None)
+        else:
+            os.environ["TORCHNEURON_BUCKETS"] = saved
+
+
+def _run_config(config: str, mode: str, model0: torch.nn.Module, batches) -> dict:
     torch._dynamo.reset()
     torchneuron.reset_compile_stats()
+    torchneuron.reset_fusion_stats()
     model = copy.deepcopy(model0).to("neuron")
     if mode == "inference":
         model.eval()
     run = model
-    if config != "eager":
+    if not config.startswith("eager"):
         options = {"buckets": "off"} if config == "per-shape" else {}
         run = torch.compile(model, backend="neuron", dynamic=True, options=options)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -117,7 +135,8 @@ def run_config(config: str, mode: str, model0: torch.nn.Module, batches) -> dict
         times.append(time.perf_counter() - start)
         outputs = results if outputs is None else outputs
     stats = torchneuron.compile_stats()
-    return {"first_s": times[0], "second_s": times[1], "outputs": outputs, "stats": stats}
+    return {"first_s": times[0], "second_s": times[1], "outputs": outputs, "stats": stats,
+            "fusion": torchneuron.fusion_stats()}
 
 
 def make_model(name: str, lengths, batch: int) -> torch.nn.Module:
@@ -160,21 +179,23 @@ def main() -> None:
     print(f"# model {args.model}, lengths {lengths}, batch {args.batch}; "
           f"load average at start {load_start:.2f}")
     print("| mode | config | graphs | XLA executables | pad/cut programs | bucketed calls "
+          "| fused per-shape programs | bucketed eager runs "
           "| first pass s | second pass s | max diff vs eager |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode in args.modes.split(","):
         reference = None
         for config in args.configs.split(","):
             r = run_config(config, mode, model0, batches)
-            if config == "eager":
+            if reference is None:
                 reference = r["outputs"]
             diff = ""
-            if reference is not None and config != "eager":
+            if reference is not r["outputs"]:
                 diff = f"{_worst(r['outputs'], reference, batches, mode):.2e}"
             s = r["stats"]
             unbucketed = "; ".join(s["unbucketed_reasons"])
             print(f"| {mode} | {config} | {s['graphs_compiled']} | {s['xla_compilations']} "
                   f"| {s['bucket_adapter_compilations']} | {s['bucketed_calls']} "
+                  f"| {r['fusion']['compilations']} | {r['fusion']['bucketed_runs']} "
                   f"| {r['first_s']:.1f} | {r['second_s']:.1f} | {diff} |"
                   + (f" unbucketed: {unbucketed}" if unbucketed else ""), flush=True)
     print(f"# load average at end {os.getloadavg()[0]:.2f}")

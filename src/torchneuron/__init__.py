@@ -26,10 +26,23 @@ __version__ = "0.1.0"
 _device.register()
 
 from . import distributed as _distributed  # noqa: E402,F401  (registers the `neuron` c10d backend)
+from .runtime import fusion as _fusion  # noqa: E402
 from .runtime.api import fallback_ops, op_counts, reset_op_counts  # noqa: E402
 from .runtime.fusion import reset_stats as reset_fusion_stats  # noqa: E402
 from .runtime.fusion import stats as fusion_stats  # noqa: E402
 from .runtime.platform import platform_name  # noqa: E402
+
+
+def _bucket_trace(nodes, externals, live, churned):
+    # Eager traces over a dynamic size are bucketed by the compiler's analysis, which imports
+    # Dynamo: loaded at the first trace that needs it.
+    from .compiler import eager_traces
+
+    _fusion.set_trace_bucketer(eager_traces.run_trace)
+    return eager_traces.run_trace(nodes, externals, live, churned)
+
+
+_fusion.set_trace_bucketer(_bucket_trace)
 
 
 def __getattr__(name: str):

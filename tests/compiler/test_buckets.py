@@ -156,6 +156,9 @@ SAFE = {
         x, x[:, -2:] + 1, dim=1, start=x.shape[1] - 2),
     "index_not_adjacent": lambda x: x[torch.tensor([2, 0], device=x.device), :,
                                       torch.tensor([1, 5], device=x.device)],
+    # a KV cache: new entries after the cached ones, and static parts on both sides
+    "cat_after_padded": lambda x: torch.cat([x, x[:, :1] * 2], dim=1).cumsum(1),
+    "cat_around_padded": lambda x: torch.cat([x[:, :2], x, x[:, -1:] + 1, x[:, :1]], dim=1),
 }
 
 
@@ -179,6 +182,8 @@ UNSAFE = {
     "gather_padded": (lambda x: x.gather(1, torch.zeros(3, 2, 6, dtype=torch.long, device=x.device)),
                       "aten.gather.default", "gathers along a padded dimension"),
     "roll": (lambda x: x.roll(1, 1), "aten.roll.default", "reverses or rotates a padded dimension"),
+    "cat_two_padded": (lambda x: torch.cat([x, x * 2], dim=1), "aten.cat.default",
+                       "only one padded part"),
     "index_merged_padded_dim": (lambda x: x.reshape(-1, 6)[torch.tensor([0, 4], device=x.device)],
                                 "aten.index.Tensor", "laid out in several factors"),
 }

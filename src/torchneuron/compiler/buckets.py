@@ -31,12 +31,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import sympy
 import torch
 import torch.fx
 
 from .. import config
-from ..runtime import storage, transfer
+from ..runtime import platform, storage, transfer
 from . import padding
 from .stats import bump, note_unbucketed
 
@@ -453,57 +454,47 @@ def _factor_sizes(layout, env: dict) -> tuple[int, ...]:
 # Padding inputs and cutting outputs (one small program per distinct set of shapes)
 
 
-@functools.lru_cache(maxsize=256)
-def _pad_program(specs: tuple):
-    """specs: (true factor sizes, padded factor sizes, padded shape) per array."""
+def _padded(xp, x, true_f: tuple, padded_f: tuple):
+    """`x` (numpy or jax) padded from its true factor sizes to the padded ones, flat."""
+    return xp.pad(x.reshape(true_f), [(0, p - t) for t, p in zip(true_f, padded_f)]).reshape(-1)
 
-    def pad(arrays):
-        out = []
-        for x, (true_f, padded_f, padded_shape) in zip(arrays, specs):
-            x = x.reshape(true_f)
-            x = jnp.pad(x, [(0, p - t) for t, p in zip(true_f, padded_f)])
-            out.append(x.reshape(padded_shape))
-        return out
 
-    bump("bucket_adapter_compilations")
-    return jax.jit(pad)
+def _cropped(xp, x, padded_f: tuple, true_f: tuple):
+    """`x` cut from its padded factor sizes to the true ones, flat (a copy)."""
+    return x.reshape(padded_f)[tuple(slice(0, t) for t in true_f)].reshape(-1)
 
 
 @functools.lru_cache(maxsize=256)
-def _crop_program(specs: tuple):
-    """specs: (padded factor sizes, true factor sizes, true shape) per array."""
-
-    def crop(arrays):
-        out = []
-        for x, (padded_f, true_f, true_shape) in zip(arrays, specs):
-            x = x.reshape(padded_f)[tuple(slice(0, t) for t in true_f)]
-            out.append(x.reshape(true_shape))
-        return out
-
+def _program(resize, specs: tuple):
+    """One jitted program resizing each array by (from factor sizes, to factor sizes, shape)."""
     bump("bucket_adapter_compilations")
-    return jax.jit(crop)
+    return jax.jit(lambda arrays: [resize(jnp, x, a, b) for x, (a, b, _) in zip(arrays, specs)])
 
 
 def _pad_into(new_args, args, jobs, true_env, padded_env) -> None:
-    _resize_into(new_args, args, jobs, true_env, padded_env, _pad_program)
+    _resize_into(new_args, args, jobs, true_env, padded_env, _padded)
 
 
 def _crop_into(new_args, args, jobs, true_env, padded_env) -> None:
-    _resize_into(new_args, args, jobs, padded_env, true_env, _crop_program)
+    _resize_into(new_args, args, jobs, padded_env, true_env, _cropped)
 
 
-def _resize_into(new_args, args, jobs, from_env, to_env, program) -> None:
+def _resize_into(new_args, args, jobs, from_env, to_env, resize) -> None:
     """new_args[i] = args[i] laid out by `layout` at the sizes of `from_env`, padded or cut to
-    those of `to_env`, for each (i, layout) of `jobs`, in one program."""
+    those of `to_env`, for each (i, layout) of `jobs`: on the CPU platform as copies in host
+    memory (a program per distinct set of shapes would compile for every new length, ~40 ms
+    each, where the copies take microseconds), elsewhere in one program."""
     specs = tuple((_factor_sizes(layout, from_env), _factor_sizes(layout, to_env),
                    _shape(layout, to_env)) for _, layout in jobs)
-    arrays = [transfer.logical_array(args[i]) for i, _ in jobs]
-    for (i, _), out in zip(jobs, program(specs)(arrays)):
-        new_args[i] = _neuron(out, args[i].dtype)
-
-
-def _neuron(array, dtype: torch.dtype) -> torch.Tensor:
-    return storage.new_tensor(tuple(array.shape), dtype, None, array.reshape(-1))
+    if platform.platform_name() == "cpu":
+        device = platform.jax_device(0)
+        # fresh numpy arrays, which nothing else holds: the device may alias them
+        results = [jax.device_put(resize(np, transfer.logical_host_array(args[i]), a, b), device)
+                   for (i, _), (a, b, _) in zip(jobs, specs)]
+    else:
+        results = _program(resize, specs)([transfer.logical_array(args[i]) for i, _ in jobs])
+    for (i, _), flat, spec in zip(jobs, results, specs):
+        new_args[i] = storage.new_tensor(spec[2], args[i].dtype, None, flat)
 
 
 class Call:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,18 +29,38 @@ class CompileStats:
 
 _lock = threading.Lock()
 STATS = CompileStats()
+# Where this thread's counts go: STATS, or the counters of eager traces compiled as graphs
+# (compiler/eager_traces.py), which are not torch.compile's.
+_target = threading.local()
+
+
+def target_stats() -> CompileStats:
+    return getattr(_target, "stats", None) or STATS
+
+
+@contextlib.contextmanager
+def counting_into(stats: CompileStats) -> Iterator[None]:
+    """Count this thread's compilations into `stats` instead of `compile_stats()`."""
+    before = getattr(_target, "stats", None)
+    _target.stats = stats
+    try:
+        yield
+    finally:
+        _target.stats = before
 
 
 def bump(field_name: str, amount: float = 1) -> None:
     with _lock:
-        setattr(STATS, field_name, getattr(STATS, field_name) + amount)
+        target = target_stats()
+        setattr(target, field_name, getattr(target, field_name) + amount)
 
 
 def note_unbucketed(reason: str) -> None:
     """A graph with dynamic sizes that compiles once per shape, and why."""
     with _lock:
-        STATS.unbucketed_graphs += 1
-        STATS.unbucketed_reasons.append(reason)
+        target = target_stats()
+        target.unbucketed_graphs += 1
+        target.unbucketed_reasons.append(reason)
 
 
 def compile_stats() -> dict[str, Any]:

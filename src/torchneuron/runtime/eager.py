@@ -14,7 +14,7 @@ from ..lowerings.registry import index_exception
 from . import _native, executable, fusion, rng, signature, storage, strided
 from .cpu_fallback import raise_as_on_cpu, raise_if_cpu_refuses, run_on_cpu
 from .meta import flatten_results, meta_outputs
-from .plan import COUNTS, GENERATOR, NEURON, OpPlan, Route, plan_for
+from .plan import COUNTS, GENERATOR, NEURON, STATIC, OpPlan, Route, plan_for
 
 OpOverload = torch._ops.OpOverload
 
@@ -54,7 +54,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             return run_lowered(plan, lowering, args, kwargs, resized=True)
         except Exception as err:
             raise_as_on_cpu(plan.op, args, kwargs, err)
-        _remember(plan, cache_key, ex)
+        _remember(plan, cache_key, ex, values, lowering)
         if fusion.any_pending(inputs):
             # Building may have run the recorded trace (CPU's check of an out= dtype reads the
             # arguments): read the inputs again, from the values that trace stored.
@@ -100,12 +100,17 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     return returned
 
 
-def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable) -> None:
+def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable, values: list,
+              lowering: Lowering) -> None:
     """Keep `ex` for its signature; an op keeps at most TORCHNEURON_EAGER_SIGNATURES of them
     (the oldest goes first), so that ever-new shapes do not grow memory without bound."""
     cache = plan.cache
     cache[cache_key] = ex
-    fusion.name_executable(ex.fn, plan.op)
+    # What the executable computes, for traces rebuilt as graphs (compiler/eager_traces.py):
+    # the static arguments only, never the call's tensors.
+    statics = tuple(v if k == STATIC else None for k, v in zip(plan.kinds, values))
+    fusion.name_executable(ex.fn, plan.op, fusion.OpCall(plan, cache_key[0], statics, ex,
+                                                         bool(lowering.rng)))
     budget = _signature_budget()
     native = _native.fastpath()
     while len(cache) > budget:

@@ -36,7 +36,8 @@ import collections
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import torch.autograd.profiler as _profiler
@@ -69,6 +70,11 @@ class FusionStats:
         self.evictions = 0  # programs dropped from the cache (its budget)
         self.op_by_op = 0  # traces run op by op (a skeleton seen with too many shapes)
         self.values_kept = 0  # results the programs returned (the rest died inside the trace)
+        self.bucketed_runs = 0  # traces run padded to a bucket (compiler/eager_traces.py)
+        self.bucketed_programs = 0  # traces over a dynamic size made into bucketed graphs
+        self.unbucketed = 0  # such traces the padding analysis refused (run as before)
+        self.bucketed_compilations = 0  # XLA executables of those graphs (one per bucket)
+        self.bucket_adapter_compilations = 0  # small programs padding inputs, cutting outputs
         self.compile_seconds = 0.0
 
 
@@ -77,21 +83,50 @@ STATS = FusionStats()
 # trace structure -> jitted program, least recently used first
 _PROGRAMS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
 
+class OpCall(NamedTuple):
+    """What an eager executable computes: its op's plan, the argument signature (key), the
+    static argument values, the Executable, and whether it draws random numbers."""
+
+    plan: Any
+    key: tuple
+    statics: tuple
+    executable: Any
+    random: bool
+
+
 # id(executable) -> its op (eager.py names each executable it keeps), for trace skeletons
 _OP_OF: dict[int, Any] = {}
+# id(executable) -> its OpCall, for traces rebuilt as graphs
+_CALL_OF: dict[int, OpCall] = {}
+
+# Bucketed traces (compiler/eager_traces.py, installed by the package): called for a trace
+# without a program as (nodes, externals, live value indices, churned: whether its skeleton
+# would run op by op) and returns the kept values, or None to run the trace as before.
+_TRACE_BUCKETER: list[Callable | None] = [None]
+
+
+def set_trace_bucketer(bucketer: Callable | None) -> None:
+    _TRACE_BUCKETER[0] = bucketer
 # trace skeleton -> how many programs were compiled for it (bounded, least recently used first)
 _SKELETONS: collections.OrderedDict[tuple, int] = collections.OrderedDict()
 _SHAPE_CHURN = 2  # programs compiled for one skeleton before its new shapes run op by op
 _SKELETONS_KEPT = 4096
 
 
-def name_executable(fn, op) -> None:
+def name_executable(fn, op, call: OpCall | None = None) -> None:
     """Tell the trace skeletons which op `fn` (an eager executable) computes."""
     _OP_OF[id(fn)] = op
+    if call is not None:
+        _CALL_OF[id(fn)] = call
+
+
+def call_of(fn) -> OpCall | None:
+    return _CALL_OF.get(id(fn))
 
 
 def forget_executable(fn) -> None:
     _OP_OF.pop(id(fn), None)
+    _CALL_OF.pop(id(fn), None)
 
 
 def _shapes_churn(nodes) -> bool:
@@ -207,7 +242,16 @@ def flush() -> None:
         program = _PROGRAMS.get(structure)
         STATS.flushes += 1
         STATS.ops += len(nodes)
-        if program is None and _shapes_churn(nodes):
+        values = None
+        churned = program is None and _shapes_churn(nodes)
+        if program is None and _TRACE_BUCKETER[0] is not None:
+            # A trace over a dynamic size may run padded to a bucket, on one program for
+            # many sizes (its first shapes only teach the bucketer which sizes vary).
+            values = _TRACE_BUCKETER[0](nodes, externals, structure[1], churned)
+            flags = []  # a bucketed program raises its index errors itself
+        if values is not None:
+            STATS.bucketed_runs += 1
+        elif program is None and churned:
             STATS.op_by_op += 1
             values, flags = _run(_body(nodes, structure), externals, len(nodes))
         elif program is None:

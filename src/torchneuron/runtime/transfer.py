@@ -31,6 +31,16 @@ def logical_array(t: torch.Tensor) -> jax.Array:
     return value
 
 
+def logical_host_array(t: torch.Tensor) -> np.ndarray:
+    """The logical value of a neuron tensor as a (read-only) numpy array; on the CPU platform
+    a contiguous tensor's is a view of its buffer, with nothing compiled or copied."""
+    buf = storage.storage_buffer(t.untyped_storage(), t.dtype)
+    if t.is_contiguous() and not (t.is_conj() or t.is_neg()) and t.storage_offset() == 0 \
+            and t.numel() == buf.shape[0]:
+        return np.asarray(jax.device_get(buf)).reshape(tuple(t.shape))
+    return np.asarray(jax.device_get(logical_array(t)))
+
+
 # numpy holds at most 32 dimensions (64 since numpy 2); PyTorch and XLA have no such limit, so
 # values of more dimensions cross the host boundary flattened.
 _NUMPY_MAX_DIMS = 32

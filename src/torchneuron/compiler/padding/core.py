@@ -50,8 +50,23 @@ def expr_of(value: Any) -> sympy.Expr:
     if isinstance(value, int):
         return sympy.Integer(value)
     if isinstance(value, torch.SymInt):
-        return sympy.sympify(value.node.expr)
+        return _exact_divisions(sympy.sympify(value.node.expr))
     raise TypeError(f"not a size: {value!r}")
+
+
+def _exact_divisions(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with each floor division that divides exactly written as the quotient (a view's
+    meta kernel infers a size as `numel // known`, e.g. `(s**2) // s`)."""
+    if not expr.has(FloorDiv):
+        return expr
+
+    def exact(a, b):
+        quotient = sympy.cancel(a / b)
+        if sympy.fraction(quotient)[1] == 1:
+            return quotient
+        return FloorDiv(a, b)
+
+    return expr.replace(lambda e: isinstance(e, FloorDiv), lambda e: exact(*e.args))
 
 
 def evaluate(expr: sympy.Expr, env: dict) -> Any:

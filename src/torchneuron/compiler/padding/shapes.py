@@ -345,11 +345,25 @@ def cat(an: Analyzer, node) -> None:
     if not padded_parts:
         cat_dim = an.canonical_dim(meta.shape[dim], node)
     else:
-        if padded_parts != [len(layouts) - 1] or len(layouts[-1][1][dim]) != 1:
-            an.fail(node, "concatenates along a padded dimension (only a last padded part "
-                          "after static ones keeps the true region a prefix)")
-        static = sum(int(an.expr(p.meta["val"].shape[dim])) for p, _ in layouts[:-1])
-        cat_dim = (layouts[-1][1][dim][0] + static,)
+        if len(padded_parts) != 1 or len(layouts[padded_parts[0]][1][dim]) != 1:
+            an.fail(node, "concatenates along a padded dimension (only one padded part, "
+                          "between static ones, keeps the true region a prefix)")
+        at = padded_parts[0]
+        factor = layouts[at][1][dim][0]
+        sizes = [int(an.expr(p.meta["val"].shape[dim])) for i, (p, _) in enumerate(layouts)
+                 if i != at]
+        before, after = sum(sizes[:at]), sum(sizes[at:])
+        cat_dim = (factor + before + after,)
+        if after:
+            # The parts after the padded one follow its padding: move them to its true end
+            # (a KV cache's new entries after the cached ones).
+            def close_the_gap(value, trace, dim=dim, before=before, after=after, factor=factor):
+                start = before + trace.padded(factor)
+                tail = lax.slice_in_dim(value, start, start + after, axis=dim)
+                return lax.dynamic_update_slice_in_dim(value, tail, before + trace.true(factor),
+                                                       axis=dim)
+
+            _install(an, node, post=close_the_gap)
     layout = tuple(cat_dim if j == dim else other[j] for j in range(rank))
     zero = frozenset.intersection(*[an.zero(p) for p, _ in layouts]) if layouts else frozenset()
     an.set(node, an.check(node, layout), zero if not padded_parts else zero - {dim})

@@ -1,0 +1,645 @@
+"""Eager fused traces over a dynamic size, bucketed as compiled graphs are (issue 14).
+
+A fused eager trace (runtime/fusion.py) is a run of op executables, each built for concrete
+shapes. When the same trace keeps coming back with one size changing (a sequence length
+over batches, a growing KV cache), every new size would otherwise compile a new program, or,
+past the churn limit, run op by op. Here such a trace becomes one FX graph with a symbolic
+size, and compiler/buckets.py and compiler/padding/ bucket it under the same proof as a
+`torch.compile` graph:
+
+1. *Describe* the trace: each node's op, static arguments, argument views and results, with
+   every integer that could be a size pulled out into a list (`_describe`). Two traces with
+   the same description but different integers are the same program up to sizes.
+2. *Fit* the sizes: the second sample of a description that differs from the first names the
+   size symbol `s` (the smallest change, at a position that changes by exactly it) and fits
+   every integer as `a * s + b` (`_Fit`); a later trace is bucketed only where the fit
+   reproduces all of its integers.
+3. *Rebuild* the trace as a graph: the ops replayed on fake tensors whose sizes are the fitted
+   expressions (`make_fx`), reading each argument as its executable did (a view of its
+   storage's flat buffer) and returning each kept value as a flat buffer.
+4. *Prove and run*: the padding analysis must accept the graph (else the trace runs as before,
+   counted in `fusion_stats()["unbucketed"]`); the graph is compiled by `CompiledGraph`, which
+   pads the inputs to the bucket, runs the bucket's executable and cuts the outputs.
+
+Only what the rebuilt graph can say exactly is bucketed: traces with random ops, index
+checks, lazy conj/neg views, CPU scalars in tensor slots, or writes through partial views run
+as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+from ..runtime import fusion, storage, strided
+from ..runtime.meta import flatten_results
+from ..runtime.plan import GENERATOR, NEURON, SCALAR, STATIC, TENSOR, plan_for
+from . import buckets, padding, stats
+from .graph import CompiledGraph, LoweringError
+
+
+class NotBucketable(Exception):
+    """This trace is not rebuilt as a graph (the reason says why)."""
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Descriptions
+
+
+@dataclass(frozen=True)
+class Size:
+    """An integer of a description that may be a size: its position in the integer list."""
+
+    index: int
+
+
+class _Describer:
+    """Walks a trace's nodes into a hashable description, sizes replaced by `Size`s."""
+
+    def __init__(self, externals: tuple) -> None:
+        self.externals = externals
+        self.ints: list[int] = []
+        self.full_read: set[int] = set()  # external buffers read whole and contiguous
+
+    def size(self, value: int) -> Size:
+        self.ints.append(int(value))
+        return Size(len(self.ints) - 1)
+
+    def sizes(self, values) -> tuple:
+        return tuple(self.size(v) for v in values)
+
+    def static(self, value: Any) -> Any:
+        if isinstance(value, bool) or value is None:
+            return value
+        if isinstance(value, int):
+            return self.size(value)
+        if isinstance(value, list | tuple):
+            return (type(value).__name__, tuple(self.static(v) for v in value))
+        if isinstance(value, float | str | complex | torch.dtype | torch.device | torch.layout
+                      | torch.memory_format):
+            return value
+        raise NotBucketable(f"a static argument of type {type(value).__name__}")
+
+    def external_scalar(self, ref: int) -> Any:
+        if ref < 0:
+            raise NotBucketable("a scalar argument computed by the trace")
+        value = self.externals[ref]
+        if isinstance(value, bool):
+            return ("scalar", value)
+        if isinstance(value, int):
+            return ("scalar", self.size(value))
+        if isinstance(value, float | complex):
+            return ("scalar", value)
+        raise NotBucketable(f"a scalar argument of type {type(value).__name__}")
+
+    def tensor(self, key, refs) -> Any:
+        if key is None:
+            return None
+        tag = key[0]
+        if tag == "number":  # a Python number in a Tensor slot: part of the program
+            return ("number", self.external_scalar(next(refs)))
+        if not isinstance(tag, torch.dtype):
+            raise NotBucketable(f"an argument of kind {tag!r}")
+        ref = next(refs)
+        spec = key[1]
+        if spec.mode == strided.FULL:
+            if ref >= 0:
+                self.full_read.add(ref)
+            return ("tensor", tag, ref, strided.FULL, self.sizes(spec.shape), None, None)
+        offset_ref = next(refs)
+        return ("tensor", tag, ref, spec.mode, self.sizes(spec.shape), self.sizes(spec.stride),
+                self.external_scalar(offset_ref)[1])
+
+    def node(self, fn, refs: tuple, n: int, site) -> tuple:
+        call = fusion.call_of(fn)
+        if call is None:
+            raise NotBucketable("an executable that is not an eager op's")
+        plan, key, statics, ex, random = call
+        if random:
+            raise NotBucketable(f"{plan.name} draws random numbers")
+        if ex.fresh_meta is None or ex.none_results is None:
+            raise NotBucketable(f"{plan.name} learns its output layout per call")
+        if ex.writes and plan.lowering is not None:
+            raise NotBucketable(f"{plan.name} writes arguments of its own lowering")
+        it = iter(refs)
+        args = []
+        for kind, k, static in zip(plan.kinds, key, statics):
+            if kind == STATIC:
+                args.append(("static", self.static(static)))
+            elif kind == GENERATOR:
+                args.append(None)
+            elif kind == SCALAR:
+                args.append(None if k is None else self.external_scalar(next(it)))
+            elif kind == TENSOR:
+                args.append(self.tensor(k, it))
+            else:
+                args.append(("list", tuple(self.tensor(kk, it) for kk in k)))
+        if next(it, None) is not None:
+            raise NotBucketable(f"{plan.name} writes through a partial view")
+        fresh = []
+        for meta in ex.fresh_meta:
+            if meta is None:
+                fresh.append(None)
+                continue
+            dtype, shape, stride = meta
+            order = strided.dense_permutation(shape, stride)
+            if order is None:
+                raise NotBucketable(f"{plan.name} returns a tensor with gaps")
+            fresh.append((dtype, self.sizes(shape), order))
+        writes = []
+        for _slot, (dtype, spec) in ex.writes:
+            if spec.mode != strided.FULL:
+                raise NotBucketable(f"{plan.name} writes through a partial view")
+            writes.append((dtype, self.sizes(spec.shape)))
+        checks = ex.index_error is not None  # its last result is the check's flag
+        return (plan.op, tuple(args), tuple(fresh), tuple(writes), n, checks)
+
+
+def _describe(nodes, externals: tuple) -> tuple[tuple, list[int]]:
+    """(description, integers) of a trace; raises NotBucketable."""
+    d = _Describer(externals)
+    described = tuple(d.node(fn, refs, n, site) for fn, refs, n, site in nodes)
+    # External buffers: their dtype, and their length where no whole read gives their shape.
+    buffers = []
+    for ref, value in enumerate(externals):
+        if isinstance(value, int | float | complex | bool):
+            buffers.append(None)
+        elif ref in d.full_read:
+            buffers.append(("read whole", str(value.dtype)))
+        else:
+            buffers.append(("flat", str(value.dtype), d.size(value.shape[0])))
+    return (described, tuple(buffers)), d.ints
+
+
+# ---------------------------------------------------------------------------------------
+# 2. The size fit
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """Every integer of a description as `a * s + b`, with `s` the integer at `base`."""
+
+    base: int
+    coefficients: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+    def size_of(self, ints: list[int]) -> int:
+        return ints[self.base]
+
+    def matches(self, ints: list[int]) -> bool:
+        s = ints[self.base]
+        return all(v == a * s + b for v, a, b in zip(ints, self.coefficients, self.offsets))
+
+
+def _fit(first: list[int], second: list[int], shape_positions: set[int]) -> _Fit | None:
+    """The fit through two samples, or None when they do not differ by one size."""
+    changes = [(abs(b - a), i) for i, (a, b) in enumerate(zip(first, second)) if a != b]
+    if not changes:
+        return None
+    step = min(c for c, _ in changes)
+    # The base: an input's dimension that changes by exactly the step (the size itself).
+    candidates = [i for c, i in changes if c == step and i in shape_positions] or \
+        [i for c, i in changes if c == step]
+    base = candidates[0]
+    delta = second[base] - first[base]
+    coefficients, offsets = [], []
+    for a, b in zip(first, second):
+        if (b - a) % delta:
+            return None
+        k = (b - a) // delta
+        coefficients.append(k)
+        offsets.append(a - k * first[base])
+    return _Fit(base, tuple(coefficients), tuple(offsets))
+
+
+# ---------------------------------------------------------------------------------------
+# 3. The trace as a graph
+
+
+class _Rebuild:
+    """Replays a described trace on fake tensors of symbolic sizes, under make_fx."""
+
+    def __init__(self, description: tuple, fit: _Fit, ints: list[int], externals: tuple,
+                 live: tuple) -> None:
+        self.nodes, self.buffers = description
+        self.fit = fit
+        self.ints = ints
+        self.externals = externals
+        self.live = live
+        self.env = ShapeEnv()
+        self.mode = FakeTensorMode(shape_env=self.env)
+        hint = fit.size_of(ints)
+        symbol = self.env.create_symbol(hint, source=ConstantSource("eager_size"),
+                                        dynamic_dim=DimDynamic.DYNAMIC)
+        self.symbol = self.env.create_symintnode(symbol, hint=hint)
+        self.s = self.symbol
+        self.blocks_of: dict[int, list] = {}  # id(flat buffer) -> the shape it flattens
+        # external index -> how the graph takes it: ("tensor", shape sizes, dtype) or None
+        self.inputs = self._inputs()
+
+    def value(self, item: Any) -> Any:
+        """A description item with its sizes as expressions of the size symbol."""
+        if isinstance(item, Size):
+            a = self.fit.coefficients[item.index]
+            b = self.fit.offsets[item.index]
+            return b if a == 0 else a * self.s + b
+        if isinstance(item, tuple) and len(item) == 2 and item[0] in ("list", "tuple") and \
+                isinstance(item[1], tuple):
+            values = [self.value(v) for v in item[1]]
+            return values if item[0] == "list" else tuple(values)
+        return item
+
+    def _inputs(self) -> dict:
+        inputs = {}
+        first_read: dict[int, tuple] = {}
+        for _op, args, *_rest in self.nodes:
+            for arg in args:
+                for t in (arg[1] if arg and arg[0] == "list" else (arg,)):
+                    if t and t[0] == "tensor" and t[3] == strided.FULL and t[2] >= 0:
+                        first_read.setdefault(t[2], t)
+        for ref, buffer in enumerate(self.buffers):
+            if buffer is None:
+                continue
+            if buffer[0] == "read whole":
+                t = first_read[ref]
+                inputs[ref] = (t[4], t[1])
+            else:
+                inputs[ref] = ((buffer[2],), self.externals[ref].dtype)
+        return inputs
+
+    def placeholders(self) -> list:
+        with self.mode:
+            return [torch.empty([self.value(v) for v in shape], dtype=_torch_dtype(dtype),
+                                device=NEURON)
+                    for shape, dtype in self.inputs.values()]
+
+    def graph(self) -> torch.fx.GraphModule:
+        fakes = self.placeholders()
+        with self.mode:
+            return make_fx(self._replay, tracing_mode="real")(self.s, *fakes)
+
+    # -- the replay -----------------------------------------------------------------------
+    def _replay(self, s, *tensors):
+        self.s = s
+        flat: dict[int, Any] = {}  # value reference -> flat buffer (the trace's own view)
+        logical: dict[int, Any] = {}
+        for ref, t in zip(self.inputs, tensors):
+            logical[ref] = t
+        results: list = []
+        for op, args, fresh, writes, n, checks in self.nodes:
+            values = [self._argument(a, flat, logical, results) for a in args]
+            outputs = self._call(op, values, fresh, writes)
+            if checks:  # the graph's lowering checks the indices itself
+                outputs.append(None)
+            if len(outputs) != n:
+                raise NotBucketable(f"{op}: {len(outputs)} results for {n}")
+            results.extend(outputs)
+        return [results[v] for v in self.live]
+
+    def _buffer(self, ref: int, flat: dict, logical: dict, results: list):
+        if ref < 0:
+            value = results[-ref - 1]
+            if value is None:
+                raise NotBucketable("an argument the trace left out")
+            return value
+        if ref not in flat:
+            flat[ref] = logical[ref].reshape(-1)
+            self.blocks_of[id(flat[ref])] = list(logical[ref].shape)
+        return flat[ref]
+
+    def _argument(self, arg, flat, logical, results):
+        if arg is None:
+            return None
+        kind = arg[0]
+        if kind == "static":
+            return self.value(arg[1])
+        if kind in ("scalar", "number"):
+            return self.value(arg[1]) if kind == "scalar" else self.value(arg[1][1])
+        if kind == "list":
+            return [self._argument(t, flat, logical, results) for t in arg[1]]
+        _, _dtype, ref, mode, shape, stride, offset = arg
+        sizes = [self.value(v) for v in shape]
+        if mode == strided.FULL:
+            if ref >= 0 and self.inputs.get(ref, (None,))[0] == shape:
+                return logical[ref]
+            return self._buffer(ref, flat, logical, results).view(sizes)
+        buffer = self._buffer(ref, flat, logical, results)
+        concrete = ([self.ints[v.index] for v in shape], [self.ints[v.index] for v in stride],
+                    self.ints[offset.index])
+        expected = ([self.value(v) for v in stride], self.value(offset))
+        for from_end in (False, True):
+            view = self._strided_view(buffer, sizes, *concrete, self._length(ref, results),
+                                      from_end)
+            if view is None:
+                view = self._element_view(buffer, sizes, concrete[2], from_end)
+            if view is not None and _same_layout(view, *expected):
+                return view
+        return torch.as_strided(buffer, sizes, *expected)
+
+    def _start(self, start: int, size: int, symbolic_size, from_end: bool):
+        """A start coordinate along a block: as it is, or counted from the block's end (a
+        read of the last position, whose offset moves with the size)."""
+        if from_end and isinstance(symbolic_size, torch.SymInt) and start > 0:
+            return symbolic_size - (size - start)
+        return start
+
+    def _element_view(self, buffer, sizes: list, offset: int, from_end: bool):
+        """A read of one element (every read dim of size 1 or broadcast), as selects along
+        the blocks of the flattened value."""
+        blocks = self.blocks_of.get(id(buffer))
+        if blocks is None or any(size != 1 for size in sizes if not isinstance(size, int)):
+            return None
+        concrete = [int(b.node.hint) if isinstance(b, torch.SymInt) else int(b) for b in blocks]
+        coordinates = []
+        remaining = offset
+        for i in range(len(concrete)):
+            step = 1
+            for b in concrete[i + 1:]:
+                step *= b
+            start, remaining = divmod(remaining, step)
+            coordinates.append(start)
+        if remaining or any(c >= b for c, b in zip(coordinates, concrete)):
+            return None
+        view = buffer.view(blocks)
+        for c, b, symbolic in zip(coordinates, concrete, blocks):
+            view = view.select(0, self._start(c, b, symbolic, from_end))
+        view = view.reshape([1] * len(sizes))
+        if any(size != 1 for size in sizes):
+            view = view.expand(sizes)
+        return view
+
+    def _strided_view(self, buffer, sizes: list, shape: list, stride: list, offset: int,
+                      length: int, from_end: bool):
+        """A strided read of a flat buffer as ops the padding analysis knows: a view of the
+        buffer as its row-major blocks, slices, a permute and an expand; None when the
+        layout has no such form."""
+        dims = [d for d in range(len(shape)) if shape[d] != 1 and stride[d] != 0]
+        order = sorted(dims, key=lambda d: -stride[d])
+        if not order:
+            return None
+        blocks, block_sizes, starts = [], [], []
+        outer = length
+        for d in order:
+            if stride[d] == 0 or outer % stride[d]:
+                return None
+            blocks.append(outer // stride[d])
+            outer = stride[d]
+        if outer != 1:  # the innermost read dim skips elements: one more block, at offset
+            blocks.append(outer)
+        remaining = offset
+        for i in range(len(blocks)):
+            step = 1
+            for b in blocks[i + 1:]:
+                step *= b
+            start, remaining = divmod(remaining, step)
+            starts.append(start)
+        for i, d in enumerate(order):
+            if starts[i] + shape[d] > blocks[i]:
+                return None
+        if len(blocks) > len(order) and starts[-1] >= blocks[-1]:
+            return None
+        # A block read whole takes the read's own (symbolic) size; a sliced one is static.
+        for i, d in enumerate(order):
+            block_sizes.append(sizes[d] if starts[i] == 0 and shape[d] == blocks[i]
+                               else blocks[i])
+        if len(blocks) > len(order):
+            block_sizes.append(blocks[-1])
+        view = buffer.view(block_sizes)
+        for i, d in enumerate(order):
+            if not (starts[i] == 0 and shape[d] == blocks[i]):
+                start = self._start(starts[i], blocks[i], block_sizes[i], from_end)
+                view = view.narrow(i, start, sizes[d])
+        if len(blocks) > len(order):
+            view = view.select(len(order), starts[-1])
+        # Now the read dims in stride order; the size-1 and broadcast dims go back in.
+        inverse = sorted(range(len(order)), key=lambda i: order[i])
+        view = view.permute(inverse)
+        placed = sorted(order)
+        for d in range(len(shape)):
+            if d not in placed:
+                view = view.unsqueeze(d)
+        if any(stride[d] == 0 and shape[d] != 1 for d in range(len(shape))):
+            view = view.expand(sizes)
+        return view
+
+    def _length(self, ref: int, results: list) -> int:
+        """The concrete length of a buffer in this sample."""
+        if ref >= 0:
+            return int(self.externals[ref].shape[0])
+        value = results[-ref - 1]
+        return int(value.shape[0].node.hint) if isinstance(value.shape[0], torch.SymInt) \
+            else int(value.shape[0])
+
+    def _call(self, op, values: list, fresh: tuple, writes: tuple) -> list:
+        plan = plan_for(op)
+        direct = plan.lowering is not None
+        if direct:
+            pos, kw = plan.split(values)
+            result = op(*pos, **kw)
+            metas = flatten_results(result)
+            if not (plan.fresh_returns and len(plan.fresh_returns) == len(plan.return_types)):
+                metas = [metas[i] for i in plan.fresh_returns]
+            outputs = []
+            for value, layout in zip(metas, fresh):
+                outputs.append(None if value is None or layout is None
+                               else self._flat(value.permute(layout[2])))
+            return outputs
+        functional = plan.functional
+        if functional is None:
+            raise NotBucketable(f"{op} has no functional twin")
+        func_values = [v for i, v in enumerate(values) if i not in plan.out_args]
+        pos, kw = plan_for(functional).split(func_values)
+        written = flatten_results(functional(*pos, **kw))
+        outputs = []
+        for value, (dtype, shape) in zip(written, writes):
+            if value is None:
+                outputs.append(None)
+                continue
+            dtype = _torch_dtype(dtype)
+            if value.dtype != dtype:
+                value = value.to(dtype)
+            sizes = [self.value(v) for v in shape]
+            if list(value.shape) != sizes:
+                value = value.expand(sizes)
+            outputs.append(self._flat(value))
+        return outputs
+
+    def _flat(self, value):
+        """`value`'s elements in row-major order as a flat buffer, remembering its shape."""
+        flat = value.contiguous().reshape(-1)
+        self.blocks_of[id(flat)] = list(value.shape)
+        return flat
+
+
+def _same_layout(view, stride: list, offset) -> bool:
+    """Whether a rebuilt view has the trace's (symbolic) strides and offset for every size."""
+    got = [padding.expr_of(x) for x in view.stride()] + [padding.expr_of(view.storage_offset())]
+    want = [padding.expr_of(x) if isinstance(x, torch.SymInt) else sympy.Integer(x)
+            for x in [*stride, offset]]
+    return len(got) == len(want) and all(
+        padding._same(g, w) for g, w, size in zip(got, want, [*view.shape, 2]) if size != 1)
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    from_jax = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+                "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+                "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+                "bool": torch.bool, "complex64": torch.complex64,
+                "complex128": torch.complex128}
+    return from_jax[str(dtype)]
+
+
+# ---------------------------------------------------------------------------------------
+# 4. Bucketed programs
+
+
+class _Program:
+    """One description made into a bucketed graph."""
+
+    def __init__(self, description: tuple, fit: _Fit, ints: list[int], externals: tuple,
+                 live: tuple) -> None:
+        rebuild = _Rebuild(description, fit, ints, externals, live)
+        self.fit = fit
+        self.live = live
+        self.inputs = rebuild.inputs
+        self.description = description
+        gm = rebuild.graph()
+        bucketing = buckets.GraphBucketing(gm, "inference", buckets.rule_for({}), None, None)
+        if not bucketing.active:
+            raise NotBucketable("no input has the size as a dimension")
+        analysis = bucketing.analysis(bucketing.static_hints())
+        if isinstance(analysis, padding.NotPadSafe):
+            raise NotBucketable(f"{analysis.op}: {analysis.reason}")
+        try:
+            compiled = CompiledGraph(gm, {"donate": False})
+        except LoweringError as err:
+            raise NotBucketable(str(err)) from None
+        compiled.bucketing = bucketing
+        self.compiled = compiled
+
+    def run(self, ints: list[int], externals: tuple, sites: list) -> list:
+        s = self.fit.size_of(ints)
+        args: list = [s]
+        for ref, (shape, dtype) in self.inputs.items():
+            sizes = [self.fit.coefficients[v.index] * s + self.fit.offsets[v.index]
+                     for v in shape]
+            args.append(storage.new_tensor(sizes, _torch_dtype(dtype), None, externals[ref]))
+        if not sites:
+            outputs = self.compiled(*args)
+        else:
+            try:
+                outputs = self.compiled(*args)
+            except (IndexError, RuntimeError) as err:  # an index out of range: say where
+                _error, op, where = sites[-1]
+                raise type(err)(f"{err} (in {op}, called at {where})") from None
+        values = []
+        for t in outputs:
+            payload = storage.ready_payload(t)
+            if payload is None or t.storage_offset() != 0 or \
+                    t.numel() * t.dtype.itemsize != payload.nbytes:
+                raise RuntimeError("torchneuron: a bucketed trace returned a view (a bug)")
+            values.append(payload.buf)
+        return values
+
+
+_KEPT = 256
+# description -> its first integers (a sample), until a second sample names the size
+_SAMPLES: collections.OrderedDict[tuple, list[int]] = collections.OrderedDict()
+# description -> its _Program, or the reason it has none
+_PROGRAMS: collections.OrderedDict[tuple, _Program | str] = collections.OrderedDict()
+
+
+def _keep(table: collections.OrderedDict, key, value) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > _KEPT:
+        table.popitem(last=False)
+
+
+@contextlib.contextmanager
+def _counted() -> Iterator[None]:
+    """Compilations for eager traces count in `fusion_stats()`, not `compile_stats()`."""
+    counts = stats.CompileStats()
+    try:
+        with stats.counting_into(counts):
+            yield
+    finally:
+        fusion.STATS.bucketed_compilations += counts.xla_compilations
+        fusion.STATS.bucket_adapter_compilations += counts.bucket_adapter_compilations
+        fusion.STATS.compile_seconds += counts.compile_seconds
+
+
+def run_trace(nodes, externals: tuple, live: tuple, churned: bool) -> list | None:
+    """The kept values of a trace run bucketed, or None to run it as before. `churned`: the
+    trace's skeleton has been compiled for enough shapes that this one would run op by op."""
+    if not buckets.rule_for({}).enabled:
+        return None
+    try:
+        description, ints = _describe(nodes, externals)
+    except NotBucketable:
+        return None
+    key = (description, live)
+    program = _PROGRAMS.get(key)
+    if isinstance(program, str):
+        return None
+    if program is None:
+        sample = _SAMPLES.get(key)
+        if sample is None or sample == ints or not churned:
+            if sample is None:
+                _keep(_SAMPLES, key, ints)
+            return None
+        shape_positions = _shape_positions(description)
+        fit = _fit(sample, ints, shape_positions)
+        if fit is None or not fit.matches(ints):
+            return None
+        try:
+            with _counted():
+                program = _Program(description, fit, ints, externals, live)
+        except NotBucketable as err:
+            _keep(_PROGRAMS, key, str(err))
+            fusion.STATS.unbucketed += 1
+            return None
+        except Exception as err:  # a bug of the rebuild must not break eager mode
+            _keep(_PROGRAMS, key, f"internal error ({type(err).__name__}: {err})")
+            fusion.STATS.unbucketed += 1
+            warnings.warn(f"torchneuron: an eager trace over a dynamic size could not be "
+                          f"bucketed ({type(err).__name__}: {err}); it runs as before",
+                          stacklevel=2)
+            return None
+        _keep(_PROGRAMS, key, program)
+        fusion.STATS.bucketed_programs += 1
+    if not program.fit.matches(ints):
+        return None
+    _PROGRAMS.move_to_end(key)
+    sites = [site for _fn, _refs, _n, site in nodes if site is not None]
+    with _counted():
+        return program.run(ints, externals, sites)
+
+
+def _shape_positions(description: tuple) -> set[int]:
+    """Integer positions that are dimensions of arguments read whole (the inputs' shapes)."""
+    positions: set[int] = set()
+    for _op, args, *_rest in description[0]:
+        for arg in args:
+            for t in (arg[1] if arg and arg[0] == "list" else (arg,)):
+                if t and t[0] == "tensor" and t[3] == strided.FULL:
+                    positions.update(v.index for v in t[4])
+    return positions
+
+
+def why_not_bucketed() -> list[str]:
+    """The reasons recorded for the traces that stay per shape (most recent last)."""
+    return [p for p in _PROGRAMS.values() if isinstance(p, str)]

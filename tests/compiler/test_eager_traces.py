@@ -1,0 +1,145 @@
+"""Eager fused traces over a dynamic size run bucketed (compiler/eager_traces.py): one program
+per bucket instead of one per shape, with the results of op-by-op execution, under the same
+padding proof as compiled graphs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_buckets import TinyLM, _tokens
+
+import torchneuron
+from torchneuron.runtime import fusion
+
+pytestmark = pytest.mark.skipif(fusion.Pending is None,
+                                reason="fusion needs the C++ library, which this process could not build")
+
+DEV = "neuron"
+
+
+@pytest.fixture(autouse=True)
+def _fused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TORCHNEURON_BUCKETS", raising=False)
+    before = fusion.recording()
+    fusion.set_enabled(True)
+    fusion.flush()
+    torchneuron.reset_compile_stats()
+    torchneuron.reset_fusion_stats()
+    yield
+    fusion.set_enabled(before)
+
+
+def _stats() -> tuple[dict, dict]:
+    return torchneuron.fusion_stats(), torchneuron.compile_stats()
+
+
+def test_lm_inference_over_lengths_runs_bucketed_as_on_cpu():
+    torch.manual_seed(0)
+    reference = TinyLM(layers=1).eval()
+    model = copy.deepcopy(reference).to(DEV)
+    lengths = (17, 20, 23, 26, 29, 9, 12)  # the first two teach which size varies
+    with torch.no_grad():
+        for t in lengths:
+            x = _tokens(t)
+            torch.testing.assert_close(model(x.to(DEV)).cpu(), reference(x), rtol=1e-4,
+                                       atol=1e-5)
+    fused, compiled = _stats()
+    # Three programs (each embedding, and the trace from their sum to the logits), each
+    # compiled for two buckets (32 and 16) and run for every length after the first two.
+    assert fused["bucketed_programs"] == 3
+    assert fused["bucketed_runs"] >= 3 * (len(lengths) - 2)
+    assert fused["bucketed_compilations"] == 3 * 2
+    assert compiled["xla_compilations"] == 0  # torch.compile's counters stay its own
+
+
+def test_lm_training_over_lengths_matches_cpu():
+    torch.manual_seed(0)
+    reference = TinyLM(layers=1)
+    model = copy.deepcopy(reference).to(DEV)
+    opt_cpu = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt_dev = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, t in enumerate((9, 12, 14, 11, 16, 10)):
+        x = _tokens(t, seed=step)
+        y = torch.roll(x, -1, 1)
+        y[:, -1] = -100
+        losses = []
+        for net, opt, dev in ((reference, opt_cpu, "cpu"), (model, opt_dev, DEV)):
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x.to(dev)).reshape(-1, 17), y.to(dev).reshape(-1),
+                                   ignore_index=-100)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5), step
+    for (name, p), q in zip(reference.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-4, atol=1e-5, msg=name)
+    fused, _ = _stats()
+    assert fused["bucketed_programs"] >= 2  # among them the backward through the blocks
+    assert fused["bucketed_runs"] >= 2 * 4
+
+
+def _run_lengths(fn, lengths):
+    for n in lengths:
+        x = torch.randn(2, n)
+        torch.testing.assert_close(fn(x.to(DEV)).cpu(), fn(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_trace_the_analysis_refuses_runs_as_before():
+    def fn(x):  # sort along the varying length: no padding rule proves it
+        return torch.sort(x * 2, dim=1).values + 1
+
+    _run_lengths(fn, (5, 6, 7, 9, 11))
+    fused, compiled = _stats()
+    assert fused["bucketed_runs"] == 0
+    assert fused["unbucketed"] == 1
+    assert fused["bucketed_compilations"] == 0
+    from torchneuron.compiler import eager_traces
+    assert any("sort" in reason for reason in eager_traces.why_not_bucketed())
+
+
+def test_a_safe_trace_shares_one_program_per_bucket():
+    def fn(x):
+        return torch.softmax(x * 2 + 1, dim=1).cumsum(1) - x.mean(1, keepdim=True)
+
+    _run_lengths(fn, (5, 6, 7, 9, 11, 13))  # buckets 8 and 16
+    fused, compiled = _stats()
+    assert fused["bucketed_runs"] == 4
+    assert fused["bucketed_compilations"] == 2
+
+
+def test_bucketing_off_leaves_eager_traces_per_shape(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_BUCKETS", "off")
+
+    def fn(x):
+        return (x * 3).sum(1) + 2
+
+    _run_lengths(fn, (5, 6, 7, 9))
+    fused, _ = _stats()
+    assert fused["bucketed_runs"] == 0
+    assert fused["op_by_op"] == 2
+
+
+def test_an_index_out_of_range_in_a_bucketed_trace_raises_naming_the_call():
+    emb_cpu = torch.nn.Embedding(10, 4)
+    emb = copy.deepcopy(emb_cpu).to(DEV)
+
+    def run(idx):
+        return emb(idx.to(DEV) * 1).sum(-1)
+
+    with torch.no_grad():
+        for n in (5, 6, 7, 9):
+            idx = torch.arange(n).reshape(1, n) % 10
+            torch.testing.assert_close(run(idx).cpu(), emb_cpu(idx).sum(-1))
+        # the last two lengths: the trace ending at the embedding, and the sum after it
+        assert torchneuron.fusion_stats()["bucketed_runs"] == 2 * 2
+        bad = torch.arange(11).reshape(1, 11)
+        before = torchneuron.fusion_stats()
+        with pytest.raises(IndexError, match=r"embedding.*called at .*test_eager_traces\.py"):
+            run(bad)
+        after = torchneuron.fusion_stats()  # raised by the bucketed program (bucket 16)
+        assert (after["op_by_op"], after["compilations"]) == (before["op_by_op"],
+                                                             before["compilations"])
