@@ -3,7 +3,7 @@ shape and against eager mode (issue 14, docs/DYNAMIC_SHAPES.md).
 
 A causal transformer LM (examples/char_gpt.py: 4 layers, d 256, 4 heads) runs over 10 sequence
 lengths between 17 and 128, once for inference (`torch.no_grad`, eval mode: logits) and once
-for training (loss, backward, SGD step), in three configurations that each start from the
+for training (loss, backward, SGD step), in four configurations that each start from the
 same weights and see the same batches:
 
 - `eager-per-shape`: the neuron device in eager mode (adaptive fusion) with eager traces
@@ -14,11 +14,15 @@ same weights and see the same batches:
 - `per-shape`: `torch.compile(model, backend="neuron", dynamic=True, options={"buckets": "off"})`;
 - `bucketed`: the same with the default rule (`pow2`: buckets 32, 64, 128).
 
-Each configuration makes two passes over the lengths: the first includes every compilation
-(Dynamo, AOTAutograd, XLA), the second is the steady state. The on-disk compile cache is off, so
+Each configuration runs in a fresh process (eager mode's caches are process-wide) and makes two
+passes over the lengths: the first includes every compilation (Dynamo, AOTAutograd, XLA), the
+second is the steady state. The on-disk compile cache is off, so
 every executable is compiled in this process. Reported: the backend's counters
 (`torchneuron.compile_stats()`), both pass times (wall clock, after `torch.neuron.synchronize()`),
 and the largest difference from eager-per-shape (logits for inference, per-step loss for training).
+"XLA executables" counts the graphs' executables and, in eager mode, those of the bucketed
+traces (`fusion_stats()["bucketed_compilations"]`); "fused per-shape programs" the eager traces
+compiled for one shape (`fusion_stats()["compilations"]`).
 
 `--model hf-gpt2` runs a tiny Hugging Face GPT-2 instead (transformers, random init: 2 layers,
 n_embd 64, 4 heads, vocab 256), on padded batches: the last sequence of each batch is 5 tokens
@@ -34,7 +38,9 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -162,6 +168,15 @@ def _worst(outputs, reference, batches, mode: str) -> float:
     return worst
 
 
+def _child(args, mode: str, config: str, out: str) -> None:
+    """One configuration in this process; its results into the file `out`."""
+    lengths = [int(v) for v in args.lengths.split(",")]
+    hf = args.model == "hf-gpt2"
+    model0 = make_model(args.model, lengths, args.batch)
+    batches = make_batches(lengths, args.batch, padded=hf, vocab=VOCAB_HF if hf else VOCAB)
+    torch.save(run_config(config, mode, model0, batches), out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="inference,training")
@@ -169,11 +184,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     parser.add_argument("--model", default="char-gpt", choices=("char-gpt", "hf-gpt2"))
+    parser.add_argument("--child", nargs=3, metavar=("MODE", "CONFIG", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    lengths = [int(v) for v in args.lengths.split(",")]
     warnings.simplefilter("ignore")
+    if args.child:
+        _child(args, *args.child)
+        return
+    lengths = [int(v) for v in args.lengths.split(",")]
     hf = args.model == "hf-gpt2"
-    model0 = make_model(args.model, lengths, args.batch)
     batches = make_batches(lengths, args.batch, padded=hf, vocab=VOCAB_HF if hf else VOCAB)
     load_start = os.getloadavg()[0]
     print(f"# model {args.model}, lengths {lengths}, batch {args.batch}; "
@@ -182,22 +200,28 @@ def main() -> None:
           "| fused per-shape programs | bucketed eager runs "
           "| first pass s | second pass s | max diff vs eager |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for mode in args.modes.split(","):
-        reference = None
-        for config in args.configs.split(","):
-            r = run_config(config, mode, model0, batches)
-            if reference is None:
-                reference = r["outputs"]
-            diff = ""
-            if reference is not r["outputs"]:
-                diff = f"{_worst(r['outputs'], reference, batches, mode):.2e}"
-            s = r["stats"]
-            unbucketed = "; ".join(s["unbucketed_reasons"])
-            print(f"| {mode} | {config} | {s['graphs_compiled']} | {s['xla_compilations']} "
-                  f"| {s['bucket_adapter_compilations']} | {s['bucketed_calls']} "
-                  f"| {r['fusion']['compilations']} | {r['fusion']['bucketed_runs']} "
-                  f"| {r['first_s']:.1f} | {r['second_s']:.1f} | {diff} |"
-                  + (f" unbucketed: {unbucketed}" if unbucketed else ""), flush=True)
+    passed = [a for a in sys.argv[1:]]
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes.split(","):
+            reference = None
+            for config in args.configs.split(","):
+                out = os.path.join(tmp, f"{mode}-{config}.pt")
+                subprocess.run([sys.executable, __file__, *passed, "--child", mode, config, out],
+                               check=True)
+                r = torch.load(out, weights_only=False)
+                if reference is None:
+                    reference = r["outputs"]
+                diff = ""
+                if reference is not r["outputs"]:
+                    diff = f"{_worst(r['outputs'], reference, batches, mode):.2e}"
+                s = r["stats"]
+                unbucketed = "; ".join(s["unbucketed_reasons"])
+                executables = s["xla_compilations"] + r["fusion"]["bucketed_compilations"]
+                print(f"| {mode} | {config} | {s['graphs_compiled']} | {executables} "
+                      f"| {s['bucket_adapter_compilations']} | {s['bucketed_calls']} "
+                      f"| {r['fusion']['compilations']} | {r['fusion']['bucketed_runs']} "
+                      f"| {r['first_s']:.1f} | {r['second_s']:.1f} | {diff} |"
+                      + (f" unbucketed: {unbucketed}" if unbucketed else ""), flush=True)
     print(f"# load average at end {os.getloadavg()[0]:.2f}")
 
 

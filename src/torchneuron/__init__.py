@@ -33,13 +33,13 @@ from .runtime.fusion import stats as fusion_stats  # noqa: E402
 from .runtime.platform import platform_name  # noqa: E402
 
 
-def _bucket_trace(nodes, externals, live, churned):
+def _bucket_trace(nodes, externals, live):
     # Eager traces over a dynamic size are bucketed by the compiler's analysis, which imports
     # Dynamo: loaded at the first trace that needs it.
     from .compiler import eager_traces
 
     _fusion.set_trace_bucketer(eager_traces.run_trace)
-    return eager_traces.run_trace(nodes, externals, live, churned)
+    return eager_traces.run_trace(nodes, externals, live)
 
 
 _fusion.set_trace_bucketer(_bucket_trace)

@@ -494,3 +494,20 @@ def test_hf_lm_trains_bucketed_over_padded_batches_as_on_cpu(name):
     # its logits have the vocabulary marked dynamic too, which stays a per-shape size).
     assert stats["bucketed_graphs"] == stats["graphs_compiled"] >= 2
     assert stats["xla_compilations"] + stats["disk_cache_hits"] == 2 * stats["graphs_compiled"]
+
+
+@pytest.mark.parametrize("resize,sizes", [("_padded", ((2, 5, 3), (2, 8, 3))),
+                                          ("_cropped", ((2, 8, 3), (2, 5, 3)))])
+def test_host_pads_and_cuts_equal_the_jitted_programs(resize, sizes):
+    # The CPU platform pads and cuts in host memory; other platforms run the jitted program.
+    import jax.numpy as jnp
+    import numpy as np
+
+    fn = getattr(buckets, resize)
+    source, target = sizes
+    x = np.arange(np.prod(source), dtype=np.float32).reshape(source)
+    on_host = fn(np, x, source, target)
+    jitted = buckets._program(fn, ((source, target, target),))([jnp.asarray(x)])[0]
+    assert on_host.shape == (np.prod(target),)
+    assert np.array_equal(on_host, np.asarray(jitted))
+

@@ -10,10 +10,10 @@ size, and compiler/buckets.py and compiler/padding/ bucket it under the same pro
 1. *Describe* the trace: each node's op, static arguments, argument views and results, with
    every integer that could be a size pulled out into a list (`_describe`). Two traces with
    the same description but different integers are the same program up to sizes.
-2. *Fit* the sizes: the second sample of a description that differs from the first names the
-   size symbol `s` (the smallest change, at a position that changes by exactly it) and fits
-   every integer as `a * s + b` (`_Fit`); a later trace is bucketed only where the fit
-   reproduces all of its integers.
+2. *Fit* the sizes: the second shape of a description names the size symbol `s` (the
+   smallest change, at a position that changes by exactly it) and fits every integer as
+   `a * s + b` (`_Fit`); a trace is bucketed only where the fit reproduces all of its
+   integers.
 3. *Rebuild* the trace as a graph: the ops replayed on fake tensors whose sizes are the fitted
    expressions (`make_fx`), reading each argument as its executable did (a view of its
    storage's flat buffer) and returning each kept value as a flat buffer.
@@ -21,9 +21,10 @@ size, and compiler/buckets.py and compiler/padding/ bucket it under the same pro
    counted in `fusion_stats()["unbucketed"]`); the graph is compiled by `CompiledGraph`, which
    pads the inputs to the bucket, runs the bucket's executable and cuts the outputs.
 
-Only what the rebuilt graph can say exactly is bucketed: traces with random ops, index
-checks, lazy conj/neg views, CPU scalars in tensor slots, or writes through partial views run
-as before.
+Only what the rebuilt graph can say exactly is bucketed: traces with random ops, lazy
+conj/neg views, CPU scalars in tensor slots, or writes through partial views run as before,
+and so does a size outside what the rebuilt graph assumed (below 2, or against a guard its
+fake kernels recorded).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 import sympy
 import torch
+import torch.autograd.profiler as _profiler
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -242,6 +244,7 @@ class _Rebuild:
         hint = fit.size_of(ints)
         symbol = self.env.create_symbol(hint, source=ConstantSource("eager_size"),
                                         dynamic_dim=DimDynamic.DYNAMIC)
+        self.sympy_symbol = symbol
         self.symbol = self.env.create_symintnode(symbol, hint=hint)
         self.s = self.symbol
         self.blocks_of: dict[int, list] = {}  # id(flat buffer) -> the shape it flattens
@@ -288,6 +291,15 @@ class _Rebuild:
         fakes = self.placeholders()
         with self.mode:
             return make_fx(self._replay, tracing_mode="real")(self.s, *fakes)
+
+    def assumptions(self) -> tuple:
+        """What the replay assumed about the size (its value range, the guards the fake
+        kernels recorded): a size that breaks one of them gets another graph."""
+        expr = padding.expr_of(self.symbol)
+        if expr != self.sympy_symbol or expr in self.env.replacements:
+            raise NotBucketable("the rebuilt trace fixes its size")
+        bounds = self.env.var_to_range[expr]
+        return expr, bounds.lower, bounds.upper, tuple(g.expr for g in self.env.guards)
 
     # -- the replay -----------------------------------------------------------------------
     def _replay(self, s, *tensors):
@@ -340,7 +352,7 @@ class _Rebuild:
         expected = ([self.value(v) for v in stride], self.value(offset))
         for from_end in (False, True):
             view = self._strided_view(buffer, sizes, *concrete, self._length(ref, results),
-                                      from_end)
+                                      from_end, expected[0])
             if view is None:
                 view = self._element_view(buffer, sizes, concrete[2], from_end)
             if view is not None and _same_layout(view, *expected):
@@ -379,8 +391,26 @@ class _Rebuild:
             view = view.expand(sizes)
         return view
 
+    def _quotient(self, a, b):
+        """a / b for sizes (ints or SymInts of the size symbol) when it is a polynomial in
+        the symbol with integer coefficients, as an int or SymInt; else None."""
+        q = sympy.cancel(padding.expr_of(a) / padding.expr_of(b))
+        if q.is_Integer:
+            return int(q)
+        symbol = padding.expr_of(self.symbol)
+        if not q.is_polynomial(symbol) or q.free_symbols - {symbol}:
+            return None
+        coefficients = sympy.Poly(q, symbol).all_coeffs()[::-1]
+        if not all(c.is_Integer for c in coefficients):
+            return None
+        value = 0
+        for k, c in enumerate(coefficients):
+            if c:
+                value = value + int(c) * self.s ** k if k else value + int(c)
+        return value
+
     def _strided_view(self, buffer, sizes: list, shape: list, stride: list, offset: int,
-                      length: int, from_end: bool):
+                      length: int, from_end: bool, symbolic_stride: list):
         """A strided read of a flat buffer as ops the padding analysis knows: a view of the
         buffer as its row-major blocks, slices, a permute and an expand; None when the
         layout has no such form."""
@@ -409,19 +439,24 @@ class _Rebuild:
                 return None
         if len(blocks) > len(order) and starts[-1] >= blocks[-1]:
             return None
-        # A block read whole takes the read's own (symbolic) size; a sliced one is static.
-        for i, d in enumerate(order):
-            block_sizes.append(sizes[d] if starts[i] == 0 and shape[d] == blocks[i]
-                               else blocks[i])
+        # The blocks' sizes for every size: the ratios of the (symbolic) strides.
+        outer = buffer.shape[0]
+        for d in order:
+            block = self._quotient(outer, symbolic_stride[d])
+            if block is None:
+                return None
+            block_sizes.append(block)
+            outer = symbolic_stride[d]
         if len(blocks) > len(order):
-            block_sizes.append(blocks[-1])
+            block_sizes.append(outer)
         view = buffer.view(block_sizes)
         for i, d in enumerate(order):
             if not (starts[i] == 0 and shape[d] == blocks[i]):
                 start = self._start(starts[i], blocks[i], block_sizes[i], from_end)
                 view = view.narrow(i, start, sizes[d])
         if len(blocks) > len(order):
-            view = view.select(len(order), starts[-1])
+            view = view.select(len(order), self._start(starts[-1], blocks[-1], block_sizes[-1],
+                                                       from_end))
         # Now the read dims in stride order; the size-1 and broadcast dims go back in.
         inverse = sorted(range(len(order)), key=lambda i: order[i])
         view = view.permute(inverse)
@@ -517,6 +552,7 @@ class _Program:
         self.inputs = rebuild.inputs
         self.description = description
         gm = rebuild.graph()
+        self.symbol, self.lower, self.upper, self.guards = rebuild.assumptions()
         bucketing = buckets.GraphBucketing(gm, "inference", buckets.rule_for({}), None, None)
         if not bucketing.active:
             raise NotBucketable("no input has the size as a dimension")
@@ -529,6 +565,20 @@ class _Program:
             raise NotBucketable(str(err)) from None
         compiled.bucketing = bucketing
         self.compiled = compiled
+
+    def admits(self, ints: list[int]) -> bool:
+        """Whether this trace's integers are the fitted ones, at a size (true and bucketed)
+        for which the graph's assumptions hold."""
+        if not self.fit.matches(ints):
+            return False
+        true = self.fit.size_of(ints)
+        for value in (true, self.compiled.bucketing.rule.bucket(true)):
+            if not self.lower <= value <= self.upper:
+                return False
+            at = {self.symbol: sympy.Integer(value)}
+            if not all(bool(g.xreplace(at)) for g in self.guards):
+                return False
+        return True
 
     def run(self, ints: list[int], externals: tuple, sites: list) -> list:
         s = self.fit.size_of(ints)
@@ -556,8 +606,8 @@ class _Program:
 
 
 _KEPT = 256
-# description -> its first integers (a sample), until a second sample names the size
-_SAMPLES: collections.OrderedDict[tuple, list[int]] = collections.OrderedDict()
+# description -> its first integer lists (samples), until a later one names the size
+_SAMPLES: collections.OrderedDict[tuple, list[list[int]]] = collections.OrderedDict()
 # description -> its _Program, or the reason it has none
 _PROGRAMS: collections.OrderedDict[tuple, _Program | str] = collections.OrderedDict()
 
@@ -582,9 +632,8 @@ def _counted() -> Iterator[None]:
         fusion.STATS.compile_seconds += counts.compile_seconds
 
 
-def run_trace(nodes, externals: tuple, live: tuple, churned: bool) -> list | None:
-    """The kept values of a trace run bucketed, or None to run it as before. `churned`: the
-    trace's skeleton has been compiled for enough shapes that this one would run op by op."""
+def run_trace(nodes, externals: tuple, live: tuple) -> list | None:
+    """The kept values of a trace run bucketed, or None to run it as before."""
     if not buckets.rule_for({}).enabled:
         return None
     try:
@@ -596,14 +645,15 @@ def run_trace(nodes, externals: tuple, live: tuple, churned: bool) -> list | Non
     if isinstance(program, str):
         return None
     if program is None:
-        sample = _SAMPLES.get(key)
-        if sample is None or sample == ints or not churned:
-            if sample is None:
-                _keep(_SAMPLES, key, ints)
+        # The first shape is a sample; the next, fitted through it (and checked on a second
+        # sample where there is one), is the first the program serves.
+        samples = _SAMPLES.get(key, [])
+        if not samples or ints in samples:
+            if ints not in samples and len(samples) < 2:
+                _keep(_SAMPLES, key, [*samples, ints])
             return None
-        shape_positions = _shape_positions(description)
-        fit = _fit(sample, ints, shape_positions)
-        if fit is None or not fit.matches(ints):
+        fit = _fit(samples[0], ints, _shape_positions(description))
+        if fit is None or not all(fit.matches(sample) for sample in samples):
             return None
         try:
             with _counted():
@@ -621,11 +671,14 @@ def run_trace(nodes, externals: tuple, live: tuple, churned: bool) -> list | Non
             return None
         _keep(_PROGRAMS, key, program)
         fusion.STATS.bucketed_programs += 1
-    if not program.fit.matches(ints):
+    if not program.admits(ints):
         return None
     _PROGRAMS.move_to_end(key)
     sites = [site for _fn, _refs, _n, site in nodes if site is not None]
-    with _counted():
+    with _counted(), contextlib.ExitStack() as stack:
+        if _profiler._is_profiler_enabled:  # as fused programs show, marked bucketed
+            stack.enter_context(_profiler.record_function(
+                f"neuron::fused::{len(nodes)} ops, bucketed"))
         return program.run(ints, externals, sites)
 
 

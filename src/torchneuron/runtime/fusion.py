@@ -100,8 +100,8 @@ _OP_OF: dict[int, Any] = {}
 _CALL_OF: dict[int, OpCall] = {}
 
 # Bucketed traces (compiler/eager_traces.py, installed by the package): called for a trace
-# without a program as (nodes, externals, live value indices, churned: whether its skeleton
-# would run op by op) and returns the kept values, or None to run the trace as before.
+# without a program as (nodes, externals, live value indices) and returns the kept values, or
+# None to run the trace as before.
 _TRACE_BUCKETER: list[Callable | None] = [None]
 
 
@@ -246,8 +246,8 @@ def flush() -> None:
         churned = program is None and _shapes_churn(nodes)
         if program is None and _TRACE_BUCKETER[0] is not None:
             # A trace over a dynamic size may run padded to a bucket, on one program for
-            # many sizes (its first shapes only teach the bucketer which sizes vary).
-            values = _TRACE_BUCKETER[0](nodes, externals, structure[1], churned)
+            # many sizes (its first shape only teaches the bucketer what it looks like).
+            values = _TRACE_BUCKETER[0](nodes, externals, structure[1])
             flags = []  # a bucketed program raises its index errors itself
         if values is not None:
             STATS.bucketed_runs += 1
