@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from test_buckets import TinyLM, _tokens
 
 import torchneuron
+from torchneuron.compiler import eager_traces
 from torchneuron.runtime import fusion
 
 pytestmark = pytest.mark.skipif(fusion.Pending is None,
@@ -27,6 +28,7 @@ def _fused(tmp_path, monkeypatch):
     before = fusion.recording()
     fusion.set_enabled(True)
     fusion.flush()
+    eager_traces.forget()
     torchneuron.reset_compile_stats()
     torchneuron.reset_fusion_stats()
     yield
@@ -97,7 +99,6 @@ def test_a_trace_the_analysis_refuses_runs_as_before():
     assert fused["bucketed_runs"] == 0
     assert fused["unbucketed"] == 1
     assert fused["bucketed_compilations"] == 0
-    from torchneuron.compiler import eager_traces
     assert any("sort" in reason for reason in eager_traces.why_not_bucketed())
 
 

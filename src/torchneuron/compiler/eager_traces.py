@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,9 +137,10 @@ class _Describer:
             raise NotBucketable(f"{plan.name} writes arguments of its own lowering")
         it = iter(refs)
         args = []
-        for kind, k, static in zip(plan.kinds, key, statics):
+        symbolic = _symbolic_arguments(plan.op)
+        for name, kind, k, static in zip(plan.arg_names, plan.kinds, key, statics):
             if kind == STATIC:
-                args.append(("static", self.static(static)))
+                args.append(("static", self.static(static), name in symbolic))
             elif kind == GENERATOR:
                 args.append(None)
             elif kind == SCALAR:
@@ -166,6 +168,20 @@ class _Describer:
             writes.append((dtype, self.sizes(spec.shape)))
         checks = ex.index_error is not None  # its last result is the check's flag
         return (plan.op, tuple(args), tuple(fresh), tuple(writes), n, checks)
+
+
+@functools.cache
+def _symbolic_arguments(op) -> frozenset:
+    """The arguments of `op` that take symbolic sizes (`SymInt`, `SymInt[]`); an `int` one
+    must keep one value for every size."""
+    text = str(op._schema)
+    inside = text[text.index("(") + 1:text.rindex(") ->")]
+    names = set()
+    for declaration in inside.split(","):
+        parts = declaration.strip().split("=")[0].split()
+        if len(parts) >= 2 and parts[0].startswith("SymInt"):
+            names.add(parts[1])
+    return frozenset(names)
 
 
 def _describe(nodes, externals: tuple) -> tuple[tuple, list[int]]:
@@ -210,9 +226,12 @@ def _fit(first: list[int], second: list[int], shape_positions: set[int]) -> _Fit
     if not changes:
         return None
     step = min(c for c, _ in changes)
-    # The base: an input's dimension that changes by exactly the step (the size itself).
-    candidates = [i for c, i in changes if c == step and i in shape_positions] or \
-        [i for c, i in changes if c == step]
+    # The base: a tensor dimension that changes by exactly the step (the size itself), of at
+    # least 2 (symbolic sizes are; 0 and 1 are kept apart).
+    candidates = [i for c, i in changes if c == step and i in shape_positions
+                  and min(first[i], second[i]) >= 2]
+    if not candidates:
+        return None
     base = candidates[0]
     delta = second[base] - first[base]
     coefficients, offsets = [], []
@@ -260,6 +279,18 @@ class _Rebuild:
         if isinstance(item, tuple) and len(item) == 2 and item[0] in ("list", "tuple") and \
                 isinstance(item[1], tuple):
             values = [self.value(v) for v in item[1]]
+            return values if item[0] == "list" else tuple(values)
+        return item
+
+    def constant(self, item: Any) -> Any:
+        """A description item that the op takes as plain ints: the same for every size."""
+        if isinstance(item, Size):
+            if self.fit.coefficients[item.index]:
+                raise NotBucketable("an integer argument that is not a size changes with it")
+            return self.fit.offsets[item.index]
+        if isinstance(item, tuple) and len(item) == 2 and item[0] in ("list", "tuple") and \
+                isinstance(item[1], tuple):
+            values = [self.constant(v) for v in item[1]]
             return values if item[0] == "list" else tuple(values)
         return item
 
@@ -335,7 +366,7 @@ class _Rebuild:
             return None
         kind = arg[0]
         if kind == "static":
-            return self.value(arg[1])
+            return self.value(arg[1]) if arg[2] else self.constant(arg[1])
         if kind in ("scalar", "number"):
             return self.value(arg[1]) if kind == "scalar" else self.value(arg[1][1])
         if kind == "list":
@@ -481,7 +512,7 @@ class _Rebuild:
         direct = plan.lowering is not None
         if direct:
             pos, kw = plan.split(values)
-            result = op(*pos, **kw)
+            result = _fake_call(op, pos, kw)
             metas = flatten_results(result)
             if not (plan.fresh_returns and len(plan.fresh_returns) == len(plan.return_types)):
                 metas = [metas[i] for i in plan.fresh_returns]
@@ -495,7 +526,7 @@ class _Rebuild:
             raise NotBucketable(f"{op} has no functional twin")
         func_values = [v for i, v in enumerate(values) if i not in plan.out_args]
         pos, kw = plan_for(functional).split(func_values)
-        written = flatten_results(functional(*pos, **kw))
+        written = flatten_results(_fake_call(functional, pos, kw))
         outputs = []
         for value, (dtype, shape) in zip(written, writes):
             if value is None:
@@ -515,6 +546,18 @@ class _Rebuild:
         flat = value.contiguous().reshape(-1)
         self.blocks_of[id(flat)] = list(value.shape)
         return flat
+
+
+def _fake_call(op, args: list, kwargs: dict):
+    """`op` on fake tensors of symbolic sizes; an op whose fake kernel does not take them
+    (some FFT and upsampling backward kernels) leaves the trace as it was."""
+    try:
+        return op(*args, **kwargs)
+    except NotBucketable:
+        raise
+    except Exception as err:
+        raise NotBucketable(f"{op} does not run on symbolic sizes "
+                            f"({type(err).__name__}: {str(err)[:200]})") from None
 
 
 def _same_layout(view, stride: list, offset) -> bool:
@@ -683,14 +726,23 @@ def run_trace(nodes, externals: tuple, live: tuple) -> list | None:
 
 
 def _shape_positions(description: tuple) -> set[int]:
-    """Integer positions that are dimensions of arguments read whole (the inputs' shapes)."""
+    """Integer positions that are tensor dimensions (of arguments and results)."""
     positions: set[int] = set()
-    for _op, args, *_rest in description[0]:
+    for _op, args, fresh, writes, *_rest in description[0]:
         for arg in args:
             for t in (arg[1] if arg and arg[0] == "list" else (arg,)):
-                if t and t[0] == "tensor" and t[3] == strided.FULL:
+                if t and t[0] == "tensor":
                     positions.update(v.index for v in t[4])
+        for result in (*fresh, *writes):
+            if result is not None:
+                positions.update(v.index for v in result[1])
     return positions
+
+
+def forget() -> None:
+    """Drop every sample and program (tests start from a clean state)."""
+    _SAMPLES.clear()
+    _PROGRAMS.clear()
 
 
 def why_not_bucketed() -> list[str]:
