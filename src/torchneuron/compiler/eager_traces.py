@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -404,14 +405,7 @@ class _Rebuild:
         if blocks is None or any(size != 1 for size in sizes if not isinstance(size, int)):
             return None
         concrete = [int(b.node.hint) if isinstance(b, torch.SymInt) else int(b) for b in blocks]
-        coordinates = []
-        remaining = offset
-        for i in range(len(concrete)):
-            step = 1
-            for b in concrete[i + 1:]:
-                step *= b
-            start, remaining = divmod(remaining, step)
-            coordinates.append(start)
+        coordinates, remaining = _unravel(offset, concrete)
         if remaining or any(c >= b for c, b in zip(coordinates, concrete)):
             return None
         view = buffer.view(blocks)
@@ -449,7 +443,7 @@ class _Rebuild:
         order = sorted(dims, key=lambda d: -stride[d])
         if not order:
             return None
-        blocks, block_sizes, starts = [], [], []
+        blocks, block_sizes = [], []
         outer = length
         for d in order:
             if stride[d] == 0 or outer % stride[d]:
@@ -458,13 +452,7 @@ class _Rebuild:
             outer = stride[d]
         if outer != 1:  # the innermost read dim skips elements: one more block, at offset
             blocks.append(outer)
-        remaining = offset
-        for i in range(len(blocks)):
-            step = 1
-            for b in blocks[i + 1:]:
-                step *= b
-            start, remaining = divmod(remaining, step)
-            starts.append(start)
+        starts, _ = _unravel(offset, blocks)
         for i, d in enumerate(order):
             if starts[i] + shape[d] > blocks[i]:
                 return None
@@ -546,6 +534,17 @@ class _Rebuild:
         flat = value.contiguous().reshape(-1)
         self.blocks_of[id(flat)] = list(value.shape)
         return flat
+
+
+def _unravel(offset: int, blocks: list[int]) -> tuple[list[int], int]:
+    """The row-major coordinates of `offset` over `blocks` (the first one unbounded), and
+    what is left past the last block (0 unless the offset is past the end)."""
+    coordinates = []
+    for i in range(len(blocks)):
+        step = math.prod(blocks[i + 1:])
+        start, offset = divmod(offset, step)
+        coordinates.append(start)
+    return coordinates, offset
 
 
 def _fake_call(op, args: list, kwargs: dict):
