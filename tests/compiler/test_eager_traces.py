@@ -170,3 +170,21 @@ def test_a_trace_with_two_independent_sizes_runs_as_before():
     for n, m in ((5, 5), (6, 8), (7, 9), (8, 13), (9, 11)):
         run(n, m)
     assert torchneuron.fusion_stats()["bucketed_runs"] == 0
+
+
+def test_hf_generate_runs_its_growing_cache_bucketed_with_the_tokens_of_cpu():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=1,
+                                  n_head=2, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(1, 256, (1, 6))
+    kwargs = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
+    expected = model.generate(ids, **kwargs)
+    got = model.to(DEV).generate(ids.to(DEV), **kwargs).cpu()
+    assert torch.equal(got, expected)
+    fused, _ = _stats()
+    # Every token is a new length of the same traces: after the first, they run bucketed.
+    assert fused["bucketed_programs"] >= 1
+    assert fused["bucketed_runs"] >= 10
+    assert fused["unbucketed"] == 0
