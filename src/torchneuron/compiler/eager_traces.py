@@ -46,6 +46,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
+from ..lowerings.dtypes import to_torch_dtype
 from ..runtime import fusion, storage, strided
 from ..runtime.meta import flatten_results
 from ..runtime.plan import GENERATOR, NEURON, SCALAR, STATIC, TENSOR, plan_for
@@ -310,12 +311,12 @@ class _Rebuild:
                 t = first_read[ref]
                 inputs[ref] = (t[4], t[1])
             else:
-                inputs[ref] = ((buffer[2],), self.externals[ref].dtype)
+                inputs[ref] = ((buffer[2],), to_torch_dtype(self.externals[ref].dtype))
         return inputs
 
     def placeholders(self) -> list:
         with self.mode:
-            return [torch.empty([self.value(v) for v in shape], dtype=_torch_dtype(dtype),
+            return [torch.empty([self.value(v) for v in shape], dtype=dtype,
                                 device=NEURON)
                     for shape, dtype in self.inputs.values()]
 
@@ -520,7 +521,6 @@ class _Rebuild:
             if value is None:
                 outputs.append(None)
                 continue
-            dtype = _torch_dtype(dtype)
             if value.dtype != dtype:
                 value = value.to(dtype)
             sizes = [self.value(v) for v in shape]
@@ -566,17 +566,6 @@ def _same_layout(view, stride: list, offset) -> bool:
             for x in [*stride, offset]]
     return len(got) == len(want) and all(
         padding._same(g, w) for g, w, size in zip(got, want, [*view.shape, 2]) if size != 1)
-
-
-def _torch_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    from_jax = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
-                "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
-                "bool": torch.bool, "complex64": torch.complex64,
-                "complex128": torch.complex128}
-    return from_jax[str(dtype)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -628,7 +617,7 @@ class _Program:
         for ref, (shape, dtype) in self.inputs.items():
             sizes = [self.fit.coefficients[v.index] * s + self.fit.offsets[v.index]
                      for v in shape]
-            args.append(storage.new_tensor(sizes, _torch_dtype(dtype), None, externals[ref]))
+            args.append(storage.new_tensor(sizes, dtype, None, externals[ref]))
         if not sites:
             outputs = self.compiled(*args)
         else:
