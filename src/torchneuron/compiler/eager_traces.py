@@ -579,9 +579,7 @@ class _Program:
                  live: tuple) -> None:
         rebuild = _Rebuild(description, fit, ints, externals, live)
         self.fit = fit
-        self.live = live
         self.inputs = rebuild.inputs
-        self.description = description
         gm = rebuild.graph()
         self.symbol, self.lower, self.upper, self.guards = rebuild.assumptions()
         bucketing = buckets.GraphBucketing(gm, "inference", buckets.rule_for({}), None, None)
