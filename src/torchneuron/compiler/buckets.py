@@ -451,7 +451,7 @@ def _factor_sizes(layout, env: dict) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------------------
-# Padding inputs and cutting outputs (one small program per distinct set of shapes)
+# Padding inputs and cutting outputs (host copies on the CPU platform, else small programs)
 
 
 def _padded(xp, x, true_f: tuple, padded_f: tuple):

@@ -83,6 +83,7 @@ STATS = FusionStats()
 # trace structure -> jitted program, least recently used first
 _PROGRAMS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
 
+
 class OpCall(NamedTuple):
     """What an eager executable computes: its op's plan, the argument signature (key), the
     static argument values, the Executable, and whether it draws random numbers."""
@@ -107,6 +108,8 @@ _TRACE_BUCKETER: list[Callable | None] = [None]
 
 def set_trace_bucketer(bucketer: Callable | None) -> None:
     _TRACE_BUCKETER[0] = bucketer
+
+
 # trace skeleton -> how many programs were compiled for it (bounded, least recently used first)
 _SKELETONS: collections.OrderedDict[tuple, int] = collections.OrderedDict()
 _SHAPE_CHURN = 2  # programs compiled for one skeleton before its new shapes run op by op
@@ -243,7 +246,6 @@ def flush() -> None:
         STATS.flushes += 1
         STATS.ops += len(nodes)
         values = None
-        churned = program is None and _shapes_churn(nodes)
         if program is None and _TRACE_BUCKETER[0] is not None:
             # A trace over a dynamic size may run padded to a bucket, on one program for
             # many sizes (its first shape only teaches the bucketer what it looks like).
@@ -251,7 +253,7 @@ def flush() -> None:
             flags = []  # a bucketed program raises its index errors itself
         if values is not None:
             STATS.bucketed_runs += 1
-        elif program is None and churned:
+        elif program is None and _shapes_churn(nodes):  # counts a compilation otherwise
             STATS.op_by_op += 1
             values, flags = _run(_body(nodes, structure), externals, len(nodes))
         elif program is None:
