@@ -107,19 +107,25 @@ def _scalars_fit(arguments: dict) -> bool:
     )
 
 
-@lowers(aten.addmm.default, only_when=_scalars_fit)
+def _not_integer(arguments: dict) -> bool:
+    # _scalars_fit reads the scalars' values only for integer types.
+    dtype = arguments["self"].dtype
+    return dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+
+
+@lowers(aten.addmm.default, only_when=_scalars_fit, signature_decides=_not_integer)
 def addmm(bias, x, y, *, beta=1, alpha=1):
     bias, x, y = _tensor_math(bias, x, y)
     return _scaled_sum(bias, _matmul(x, y), beta, alpha)
 
 
-@lowers(aten.baddbmm.default, only_when=_scalars_fit)
+@lowers(aten.baddbmm.default, only_when=_scalars_fit, signature_decides=_not_integer)
 def baddbmm(bias, x, y, *, beta=1, alpha=1):
     bias, x, y = _tensor_math(bias, x, y)
     return _scaled_sum(bias, _matmul(x, y), beta, alpha)
 
 
-@lowers(aten.addbmm.default, only_when=_scalars_fit)
+@lowers(aten.addbmm.default, only_when=_scalars_fit, signature_decides=_not_integer)
 def addbmm(bias, x, y, *, beta=1, alpha=1):
     dtype = jnp.result_type(bias, x, y)
     if dtype in (jnp.float16, jnp.bfloat16) and x.shape[0] > 0:
@@ -135,13 +141,13 @@ def addbmm(bias, x, y, *, beta=1, alpha=1):
     return _scaled_sum(bias, jnp.sum(_matmul(x, y), axis=0), beta, alpha)
 
 
-@lowers(aten.addmv.default, only_when=_scalars_fit)
+@lowers(aten.addmv.default, only_when=_scalars_fit, signature_decides=_not_integer)
 def addmv(bias, x, v, *, beta=1, alpha=1):
     bias, x, v = _tensor_math(bias, x, v)
     return _scaled_sum(bias, _matmul(x, v), beta, alpha)
 
 
-@lowers(aten.addr.default, only_when=_scalars_fit)
+@lowers(aten.addr.default, only_when=_scalars_fit, signature_decides=_not_integer)
 def addr(bias, u, v, *, beta=1, alpha=1):
     dtype = jnp.result_type(bias, u, v)
     if dtype in (jnp.float16, jnp.bfloat16):

@@ -60,6 +60,10 @@ class Lowering:
     # A predicate on the call's arguments ({schema name: value}): the lowering serves only
     # the calls it accepts; the others run the op's project decomposition, else CPU's kernel.
     only_when: Callable[[dict], bool] | None = None
+    # A predicate on the call's arguments: True when `only_when` accepts every call with this
+    # call's signature (dtypes, shapes, static arguments), whatever its scalar values; the
+    # C++ fast path may then reuse this call's executable for them (addmm in floating types).
+    signature_decides: Callable[[dict], bool] | None = None
     # Arguments the op writes although its schema does not mark them mutable (e.g.
     # native_batch_norm's running statistics): after the outputs, `fn` returns their new
     # values (None: left alone), and the CPU fallback copies them back too.
@@ -95,6 +99,7 @@ def lowers(
     contiguity: tuple[str, ...] = (),
     opmath: bool = False,
     only_when: Callable[[dict], bool] | None = None,
+    signature_decides: Callable[[dict], bool] | None = None,
     writes: tuple[str, ...] = (),
     aliases_input: bool = False,
     direct_kernels: tuple[OpOverload, ...] = (),
@@ -109,8 +114,8 @@ def lowers(
     def register(fn: Callable) -> Callable:
         entry = Lowering(
             in_opmath(fn) if opmath else fn, promote, frozenset(static), jit, rng, index_error,
-            meta, tuple(contiguity), opmath, only_when, tuple(writes), aliases_input,
-            tuple(direct_kernels), graph_only, result_strides, graph_form,
+            meta, tuple(contiguity), opmath, only_when, signature_decides, tuple(writes),
+            aliases_input, tuple(direct_kernels), graph_only, result_strides, graph_form,
         )
         for op in ops:
             if op in LOWERINGS:

@@ -84,7 +84,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             *results, bad = results
             if bool(bad):
                 raise index_exception(ex.index_error)
-    executable._LAST[0] = (plan, ex)
+    executable._LAST[0] = (plan, ex) if plan.reusable(values) else None
     num_fresh = len(results) - len(ex.writes)
     outputs, new_buffers = results[:num_fresh], results[num_fresh:]
     for (slot, (dtype, _spec)), buf in zip(ex.writes, new_buffers):

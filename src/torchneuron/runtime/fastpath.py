@@ -35,8 +35,9 @@ def _resolve(name: str, overload: str):
 
 
 def _fast_route(plan: OpPlan) -> int:
-    if not plan.route_is_fixed:
-        return SLOW
+    if not plan.route_is_fixed and (plan.route is not Route.NATIVE
+                                    or plan.signature_decides is None):
+        return SLOW  # a per-call route (dispatch.route_of), unless the signature decides it
     if plan.route is Route.VIEW:
         return VIEW
     if plan.route is not Route.NATIVE:

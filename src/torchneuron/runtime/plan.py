@@ -188,6 +188,12 @@ class OpPlan:
         self.only_when: Callable[[dict], bool] | None = CPU_KERNEL_UNLESS.get(op) or (
             self.runs.only_when if self.runs is not None else None
         )
+        # When only_when's verdict follows from the signature (the fast path may then reuse
+        # executables; runtime/fastpath.py).
+        self.signature_decides: Callable[[dict], bool] | None = (
+            self.runs.signature_decides
+            if self.runs is not None and op not in CPU_KERNEL_UNLESS else None
+        )
         # In-place/out= variants run the functional lowering: its static arguments (e.g.
         # vector_norm's `ord`) must reach it as Python values here too.
         if self.runs is not None:
@@ -238,6 +244,13 @@ class OpPlan:
     def split(self, values: list) -> tuple[list, dict]:
         n = self.num_positional
         return values[:n], dict(zip(self.arg_names[n:], values[n:]))
+
+    def reusable(self, values: list) -> bool:
+        """Whether every call with the signature of this call (bound `values`) takes the route
+        it took, so that its executable may serve them unasked."""
+        return self.only_when is None or (
+            self.signature_decides is not None
+            and bool(self.signature_decides(dict(zip(self.arg_names, values)))))
 
     def accepts(self, args: tuple, kwargs: dict) -> bool:
         """Whether `only_when` lets this call take the op's static route."""
