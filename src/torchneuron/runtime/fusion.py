@@ -8,7 +8,8 @@ fallback, a data-dependent op, a collective, `torch.neuron.synchronize()`, savin
 graph's inputs...) calls `flush()`, which runs the whole trace as one `jax.jit` program and
 puts the values that are still referenced into their storages. A value that died inside the
 trace is never materialised (XLA removes its computation); the trace also runs when it reaches
-its cap of recorded ops (`TORCHNEURON_FUSION_CAP`).
+its cap of recorded ops (`TORCHNEURON_FUSION_CAP`), and when an optimizer step ends, so
+that every step of a training loop that reads nothing is the same program.
 
 The program is the composition of the ops' own executables, so it computes what op-by-op
 execution computes (XLA may fuse the floating-point steps differently, within the tolerance
@@ -40,7 +41,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import torch
 import torch.autograd.profiler as _profiler
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import config
 from ..lowerings.registry import index_exception
@@ -275,6 +278,17 @@ def flush() -> None:
                 index_error, op, where = site
                 error = index_exception(index_error)
                 raise type(error)(f"{error} (in {op}, called at {where})")
+
+
+def _end_of_optimizer_step(_optimizer, _args, _kwargs) -> None:
+    # A training loop that never reads a value would otherwise be cut only by the cap, at a
+    # point that drifts from step to step: a new program per cut until the phases repeat
+    # (41 for an 82-op step). Run each step's trace when its optimizer step ends instead.
+    if not torch.compiler.is_compiling():  # a compiled optimizer step runs its own graph
+        flush()
+
+
+register_optimizer_step_post_hook(_end_of_optimizer_step)
 
 
 def _run(program, externals: tuple, num_ops: int):
