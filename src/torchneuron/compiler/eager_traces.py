@@ -53,6 +53,8 @@ from ..runtime.plan import GENERATOR, NEURON, SCALAR, STATIC, TENSOR, plan_for
 from . import buckets, padding, stats
 from .graph import CompiledGraph, LoweringError
 
+aten = torch.ops.aten
+
 
 class NotBucketable(Exception):
     """This trace is not rebuilt as a graph (the reason says why)."""
@@ -128,6 +130,12 @@ class _Describer:
 
     def node(self, fn, refs: tuple, n: int, site) -> tuple:
         call = fusion.call_of(fn)
+        if isinstance(fn, storage.ZeroFill):  # the zeros of a storage never written
+            args = (("static", self.static(list(fn.shape)), True), ("static", 0, False),
+                    ("static", fn.dtype, False), None, ("static", torch.device(NEURON), False),
+                    None)
+            fresh = ((fn.dtype, self.sizes(fn.shape), tuple(range(len(fn.shape)))),)
+            return (aten.full.default, args, fresh, (), 1, False)
         if call is None:
             raise NotBucketable("an executable that is not an eager op's")
         plan, key, statics, ex, random = call

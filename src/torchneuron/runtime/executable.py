@@ -276,7 +276,7 @@ def write_inputs(ex: Executable, values: list) -> list:
             t = written_tensor(values, slot)
             buf = storage.ready_buffer(t)  # a pending value of the trace is an input as it is
             if buf is None:
-                buf = storage.storage_buffer(t.untyped_storage(), dtype)
+                buf = storage.storage_buffer(t.untyped_storage(), dtype, reader=t)
             inputs.append(buf)
             inputs.append(t.storage_offset())
     return inputs

@@ -60,7 +60,7 @@ def _plain_key(t: torch.Tensor, inputs: list) -> tuple:
                 inputs.append(t.item())
                 return (HOST, t.dtype)
             raise device_mismatch(t.device)
-        storage.storage_buffer(t.untyped_storage(), t.dtype)
+        storage.storage_buffer(t.untyped_storage(), t.dtype, reader=t)
         payload = storage.ready_payload(t)
     inputs.append(payload.buf)  # an array, or a pending value of the recorded trace
     shape = tuple(t.shape)

@@ -8,6 +8,7 @@ the only module that touches payloads, so a deferred value can later stand in fo
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
@@ -217,11 +218,23 @@ def ready_buffer(tensor: torch.Tensor):
     return None if payload is None else payload.buf
 
 
-def storage_buffer(storage, dtype: torch.dtype) -> jax.Array:
+def storage_buffer(storage, dtype: torch.dtype, reader: torch.Tensor | None = None) -> jax.Array:
     """The flat payload of `storage` viewed as `dtype` (materialized, reinterpreted if needed;
-    a pending value of the recorded trace runs the trace first)."""
+    a pending value of the recorded trace runs the trace first). `reader`: the caller passes
+    the buffer to a recorded op reading it through this tensor, so a storage never written
+    may be filled with zeros inside the trace (a pending value), where XLA drops them if the
+    op overwrites them."""
     payload = getattr(storage, _PAYLOAD_ATTR, None) or payload_of(storage)
     buf = payload.buf
+    if buf is None and reader is not None and fusion.recording():
+        count = payload.nbytes // dtype.itemsize
+        whole = reader.is_contiguous() and reader.storage_offset() == 0 and \
+            reader.numel() == count
+        shape = tuple(reader.shape) if whole else (count,)
+        (zeros,) = fusion.record(_zero_fill(shape, dtype), (), 1, None)
+        payload.dtype = dtype
+        fusion.track(payload, zeros)
+        return zeros
     if fusion.is_pending(buf):
         fusion.flush()
         buf = payload.buf
@@ -245,6 +258,23 @@ def _zeros(count: int, dtype: torch.dtype) -> jax.Array:
     if platform.platform_name() == "cpu":
         return jax.device_put(np.zeros((count,), jax_dtype), platform.jax_device(0))
     return jnp.zeros((count,), jax_dtype, device=platform.jax_device(0))
+
+
+class ZeroFill:
+    """The recorded op that makes the zeros a storage never written reads as: `shape` (how
+    its first reader views it whole, else its length) elements of `dtype`, flat. One object
+    per shape, so that traces of the same shapes match."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: tuple, dtype: torch.dtype) -> None:
+        self.shape, self.dtype = shape, dtype
+
+    def __call__(self) -> tuple:
+        return (jnp.zeros(self.shape, to_jax_dtype(self.dtype)).reshape(-1),)
+
+
+_zero_fill = functools.lru_cache(maxsize=256)(ZeroFill)
 
 
 def set_storage_buffer(storage, buf: jax.Array, dtype: torch.dtype) -> None:
