@@ -112,6 +112,20 @@ def test_a_safe_trace_shares_one_program_per_bucket():
     assert fused["bucketed_compilations"] == 2
 
 
+def test_a_trace_reading_a_storage_never_written_is_bucketed():
+    # `empty` storages read as zeros made inside the trace (runtime/storage.py ZeroFill),
+    # which the rebuild replays as `full` of the reader's shape.
+    lengths = range(5, 29, 3)
+    for n in lengths:
+        x = torch.randn(n, 4)
+        grad = torch.empty(n, 4, device=DEV).fill_(0.5)  # as autograd's ones_like
+        y = (x.to(DEV) * 2 + grad + torch.empty(n, 4, device=DEV)).sum(0)
+        torch.testing.assert_close(y.cpu(), (x * 2 + 0.5).sum(0))
+    fused, _ = _stats()
+    assert fused["bucketed_programs"] == 1, eager_traces.why_not_bucketed()
+    assert fused["bucketed_runs"] == len(lengths) - 1
+
+
 def test_bucketing_off_leaves_eager_traces_per_shape(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_BUCKETS", "off")
 

@@ -3,6 +3,7 @@ gives, run at every point a value is needed, and keep their caches bounded."""
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import torchneuron
-from torchneuron.runtime import fusion, plan
+from torchneuron.runtime import _native, fusion, plan
 
 pytestmark = pytest.mark.skipif(not fusion.recording() and fusion.Pending is None,
                                 reason="fusion needs the C++ library, which this process could not build")
@@ -219,6 +220,81 @@ def test_training_loop_reaches_a_steady_state(fused):
     assert torchneuron.fusion_stats()["compilations"] == compiled
     assert torchneuron.fusion_stats()["cache_hits"] >= hits + 5
     assert losses[-1] < losses[0]
+
+
+def test_a_loop_that_never_reads_reaches_a_steady_state(fused):
+    # Only the cap would cut this loop's trace, at a point drifting from step to step (a new
+    # program per cut); the end of each optimizer step runs the trace instead.
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(16, 16), torch.nn.ReLU()]
+    cpu_model = torch.nn.Sequential(*layers)
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+
+    def trainer(model, device):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        xd, yd = x.to(device), y.to(device)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(xd), yd).backward()
+            opt.step()
+        return step
+
+    model = copy.deepcopy(cpu_model).to(DEV)
+    cpu_step, step = trainer(cpu_model, "cpu"), trainer(model, DEV)
+    for _ in range(3):
+        step()
+    compiled = torchneuron.fusion_stats()["compilations"]
+    for _ in range(40):  # 40 steps of ~35 ops: cut by the cap alone at many phases
+        step()
+    assert torchneuron.fusion_stats()["compilations"] == compiled
+    for _ in range(43):
+        cpu_step()
+    for p_cpu, p_dev in zip(cpu_model.parameters(), model.parameters()):
+        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-5)
+
+
+def test_a_storage_never_written_is_filled_inside_the_trace(fused):
+    # A storage never written (`empty`, `empty_like` in autograd's `ones_like`) reads as zeros:
+    # made inside the trace (and dropped by XLA where the op overwrites them), not on the host.
+    def payload(t):
+        return t.untyped_storage()._neuron_payload
+
+    fusion.flush()
+    empty = torch.empty(2, 3, device=DEV)
+    grown = empty + 1
+    assert fusion.is_pending(payload(empty).buf)
+    partial = torch.empty(6, device=DEV)
+    partial[2:4].fill_(7)  # a write into part of it
+    assert fusion.is_pending(payload(partial).buf)
+    filled = torch.empty(4, dtype=torch.int32, device=DEV).fill_(3)
+    assert grown.cpu().tolist() == [[1.0] * 3] * 2
+    assert empty.cpu().tolist() == [[0.0] * 3] * 2
+    assert partial.cpu().tolist() == [0.0, 0.0, 7.0, 7.0, 0.0, 0.0]
+    assert filled.cpu().tolist() == [3] * 4
+
+
+def test_floating_addmm_takes_the_native_path_and_integer_scalars_are_checked():
+    native = _native.fastpath()
+    b, x, w = (torch.randn(4, 4).to(DEV) for _ in range(3))
+    torch.addmm(b, x, w, beta=0.5)  # the first call of a signature runs in Python
+    native.reset_fast_counts()
+    for beta in (0.25, 2.0, -1.5):  # scalars are inputs, not part of the signature
+        torch.addmm(b, x, w, beta=beta)
+    assert native.fast_counts().get("aten.addmm.default") == 3
+    # In integer types CPU checks beta/alpha against the type's range at every call: an
+    # executable of the same signature must not serve a call whose scalars overflow.
+    a = torch.ones(2, 2, dtype=torch.int8)
+    d = a.to(DEV)
+    for _ in range(3):
+        torch.addmm(d, d, d)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.addmm(a, a, a, beta=1000)
+    with pytest.raises(RuntimeError, match="without overflow"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the call runs CPU's kernel, which raises
+        torch.addmm(d, d, d, beta=1000)
 
 
 def _parity(name: str) -> None:
