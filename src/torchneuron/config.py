@@ -16,6 +16,8 @@ from pathlib import Path
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+# The values that turn bucketing off (TORCHNEURON_BUCKETS, torch.compile's "buckets").
+BUCKETS_OFF = ("none", *_FALSE)
 
 
 @dataclass(frozen=True)
