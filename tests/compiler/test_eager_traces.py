@@ -126,6 +126,19 @@ def test_a_trace_reading_a_storage_never_written_is_bucketed():
     assert fused["bucketed_runs"] == len(lengths) - 1
 
 
+def test_a_factory_trace_over_sizes_from_one_is_bucketed():
+    # issue 12's loop: no tensor input (the size is a factory's argument), and a first sample
+    # of size 1, which fits nothing (sizes 0 and 1 are kept apart) until newer ones arrive.
+    sizes = range(1, 41)
+    for n in sizes:
+        a = torch.ones(n, 3, device=DEV)
+        assert (a * 2 + 1).sum(0).cpu().tolist() == [3.0 * n] * 3
+    fused, _ = _stats()
+    assert fused["bucketed_programs"] == 1, eager_traces.why_not_bucketed()
+    assert fused["bucketed_runs"] == len(sizes) - 3  # sizes 1, 2 and 3 ran per shape
+    assert fused["bucketed_compilations"] == 5  # buckets 4, 8, 16, 32 and 64
+
+
 def test_bucketing_off_leaves_eager_traces_per_shape(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_BUCKETS", "off")
 

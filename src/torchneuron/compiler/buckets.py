@@ -93,7 +93,7 @@ def parse_rule(spec: Any, source: str = "buckets") -> BucketRule:
         return BucketRule("pow2")
     text = str(spec).strip().lower()
     try:
-        if text in ("off", "none", "0", "false", "no"):
+        if text in config.BUCKETS_OFF:
             return BucketRule("off")
         if text in ("pow2", "on", "1", "true", "yes"):
             return BucketRule("pow2")
@@ -201,11 +201,10 @@ class GraphBucketing:
         found: list = []
         for node in self.placeholders:
             meta = node.meta.get("val")
-            if isinstance(meta, torch.Tensor):
-                for size in meta.shape:
-                    s = _symbol_of(size)
-                    if s is not None and s not in found:
-                        found.append(s)
+            for size in (meta.shape if isinstance(meta, torch.Tensor) else (meta,)):
+                s = _symbol_of(size)
+                if s is not None and s not in found:
+                    found.append(s)
         self.symbols = tuple(sorted(found, key=lambda s: s.name))
 
     def _bindings(self) -> None:
