@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -94,6 +95,10 @@ def _convert(original: Callable, root: nn.Module, fn: Callable, recurse: bool) -
 
     shared_buffers = _shared_buffers(modules)
     hooked = [p for p in _unique_parameters(modules) if _has_hooks(p)]
+    # Swapping refuses a parameter that something else still references; an autograd graph
+    # of an earlier forward that only the cycle collector frees is such a reference (seen
+    # once in CI with nn.GRU): collect it first.
+    gc.collect()
     previous = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(True)
     try:
