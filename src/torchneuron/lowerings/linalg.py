@@ -93,24 +93,23 @@ def _is_number(value, number) -> bool:
     return isinstance(value, int | float) and value == number
 
 
+def _not_integer(arguments: dict) -> bool:
+    # Where _scalars_fit accepts whatever the scalars are (its signature_decides).
+    dtype = arguments["self"].dtype
+    return dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+
+
 def _scalars_fit(arguments: dict) -> bool:
     # For integer tensors CPU converts alpha/beta with an overflow check ("value cannot be
     # converted to type uint8_t without overflow"): calls whose scalars fall outside the type's
     # range go to CPU's kernel, which raises or wraps as it does.
-    dtype = arguments["self"].dtype
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+    if _not_integer(arguments):
         return True
-    info = torch.iinfo(dtype)
+    info = torch.iinfo(arguments["self"].dtype)
     return all(
         not isinstance(v, int | float) or info.min <= v <= info.max
         for v in (arguments.get("beta", 1), arguments.get("alpha", 1))
     )
-
-
-def _not_integer(arguments: dict) -> bool:
-    # _scalars_fit reads the scalars' values only for integer types.
-    dtype = arguments["self"].dtype
-    return dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
 
 
 @lowers(aten.addmm.default, only_when=_scalars_fit, signature_decides=_not_integer)
