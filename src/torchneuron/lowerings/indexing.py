@@ -26,7 +26,7 @@ import torch
 from jax import lax
 
 from .dtypes import scalar_type_name
-from .registry import graph_form, lowers
+from .registry import eager_form, graph_form, lowers
 
 aten = torch.ops.aten
 INDEX = jnp.int64
@@ -285,21 +285,23 @@ def _index_put_in_graph_accepts(arguments: dict) -> bool:
     return len(indices) == 1 and values is not None and values.numel() == 1
 
 
+def _fill_mask(x, dim: int, mask, values, accumulate):
+    """`x[..., mask] = value` (`accumulate`: `+=`): the mask covers the dimensions from `dim`."""
+    mask = jnp.asarray(mask).astype(bool)
+    mask = mask.reshape((1,) * dim + mask.shape + (1,) * (x.ndim - dim - mask.ndim))
+    value = jnp.asarray(values).reshape(()).astype(x.dtype)
+    if not accumulate:
+        return jnp.where(mask, value, x)
+    if x.dtype == jnp.bool_:
+        return x | (mask & value)
+    return x + jnp.where(mask, value, jnp.zeros((), x.dtype))
+
+
 def _index_put_in_graph(x, indices, values, accumulate=False):
     mask_at = [i for i, t in enumerate(indices) if t is not None and t.dtype in (jnp.bool_, jnp.uint8)]
     if mask_at:
         # The mask's dimensions follow the `None`s before it; the value fills where it is set.
-        dim = mask_at[0]
-        mask = jnp.asarray(indices[dim]).astype(bool)
-        mask = mask.reshape((1,) * dim + mask.shape + (1,) * (x.ndim - dim - mask.ndim))
-        value = jnp.asarray(values).reshape(()).astype(x.dtype)
-        if not accumulate:
-            out = jnp.where(mask, value, x)
-        elif x.dtype == jnp.bool_:
-            out = x | (mask & value)
-        else:
-            out = x + jnp.where(mask, value, jnp.zeros((), x.dtype))
-        return out, jnp.zeros((), bool)
+        return _fill_mask(x, mask_at[0], indices[mask_at[0]], values, accumulate), jnp.zeros((), bool)
     x0 = x
     x, positions, arrays = _expand_indices(x, indices, concrete=False)
     out, bad = _scatter_nd(x, arrays, values, positions, bool(accumulate))
@@ -310,7 +312,31 @@ _INDEX_PUT_IN_GRAPHS = graph_form(_index_put_in_graph, index_error=_GRAPH_INDEX_
                                   only_when=_index_put_in_graph_accepts)
 
 
-@lowers(aten.index_put.default, jit=False, graph_form=_INDEX_PUT_IN_GRAPHS)
+def _one_mask_filled(arguments: dict) -> bool:
+    # `x[mask] = v` eagerly: one boolean mask, of the shape of the dimensions it covers, and
+    # one value of x's dtype that fits the indexed part (else the concrete form raises CPU's
+    # error). Everything here is in the call's signature.
+    x, values = arguments["self"], arguments["values"]
+    present = [(dim, t) for dim, t in enumerate(arguments["indices"]) if t is not None]
+    if len(present) != 1 or values is None or values.numel() != 1 or values.dtype != x.dtype:
+        return False
+    dim, mask = present[0]
+    return (mask.dtype == torch.bool and mask.dim() > 0
+            and tuple(mask.shape) == tuple(x.shape[dim:dim + mask.dim()])
+            and values.dim() <= x.dim() - mask.dim() + 1)
+
+
+def _index_put_one_mask(x, indices, values, accumulate=False):
+    dim = next(d for d, t in enumerate(indices) if t is not None)
+    return _fill_mask(x, dim, indices[dim], values, accumulate)
+
+
+def _index_put_impl_one_mask(x, indices, values, accumulate=False, unsafe=False):
+    return _index_put_one_mask(x, indices, values, accumulate)
+
+
+@lowers(aten.index_put.default, jit=False, graph_form=_INDEX_PUT_IN_GRAPHS,
+        eager_form=eager_form(_index_put_one_mask, only_when=_one_mask_filled))
 def index_put(x, indices, values, accumulate=False):
     _warn_byte_masks(indices)
     x0 = x
@@ -326,7 +352,8 @@ def _index_put_impl_in_graph(x, indices, values, accumulate=False, unsafe=False)
 
 @lowers(aten._index_put_impl.default, jit=False, graph_form=graph_form(
     _index_put_impl_in_graph, index_error=_GRAPH_INDEX_ERROR,
-    only_when=_index_put_in_graph_accepts))
+    only_when=_index_put_in_graph_accepts),
+    eager_form=eager_form(_index_put_impl_one_mask, only_when=_one_mask_filled))
 def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return index_put(x, indices, values, accumulate)
 

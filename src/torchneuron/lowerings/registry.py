@@ -83,6 +83,10 @@ class Lowering:
     # the calls its `only_when` accepts: `index.Tensor` with integer indices), from
     # `graph_form(...)`.
     graph_form: Lowering | None = None
+    # For `jit=False` ops: a traced record eager mode runs instead for the calls its
+    # `only_when` accepts, which must follow from the signature alone (`x[mask] = 0`: one
+    # boolean mask and one value need no data-dependent shape), from `eager_form(...)`.
+    eager_form: Lowering | None = None
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -106,6 +110,7 @@ def lowers(
     graph_only: bool = False,
     result_strides: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None,
     graph_form: Lowering | None = None,
+    eager_form: Lowering | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the lowering of each ATen overload in `ops` (fields: see `Lowering`)."""
     if promote is not None and not isinstance(promote, ELEMENTWISE_TYPE_PROMOTION_KIND):
@@ -116,6 +121,7 @@ def lowers(
             in_opmath(fn) if opmath else fn, promote, frozenset(static), jit, rng, index_error,
             meta, tuple(contiguity), opmath, only_when, signature_decides, tuple(writes),
             aliases_input, tuple(direct_kernels), graph_only, result_strides, graph_form,
+            eager_form,
         )
         for op in ops:
             if op in LOWERINGS:
@@ -135,6 +141,13 @@ def graph_form(
     """The traceable record of a `jit=False` op for compiled graphs (`lowers(graph_form=)`):
     `fn` takes the op's arguments as the eager function does."""
     return Lowering(fn, index_error=index_error, only_when=only_when, graph_only=True)
+
+
+def eager_form(fn: Callable, *, only_when: Callable[[dict], bool]) -> Lowering:
+    """The traced record of a `jit=False` op for the eager calls `only_when` accepts
+    (`lowers(eager_form=)`); `only_when` must depend on the call's signature only (dtypes,
+    shapes, static arguments), as the executable is kept per signature."""
+    return Lowering(fn, only_when=only_when, signature_decides=only_when)
 
 
 def index_exception(index_error: str | tuple[type[Exception], str]) -> Exception:

@@ -92,7 +92,11 @@ def _run_native(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
         # A data-dependent result shape (nonzero, masked_select): no meta kernel sizes `out`
         # beforehand, so compute the result, then resize and fill `out`.
         return run_out_variant(plan, plan.functional, args, kwargs)
-    return run_lowered(plan, plan.runs, args, kwargs)
+    lowering = plan.runs
+    form = lowering.eager_form
+    if form is not None and form.only_when(dict(zip(plan.arg_names, plan.bind(args, kwargs)))):
+        lowering = form  # traced for this signature (registry.eager_form)
+    return run_lowered(plan, lowering, args, kwargs)
 
 
 def _run_decomposed(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
