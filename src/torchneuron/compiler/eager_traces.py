@@ -89,8 +89,11 @@ def run_trace(nodes, externals: tuple, live: tuple) -> list | None:
         # The first shape is a sample; the next, fitted through it (and checked on a second
         # sample where there is one), is the first the program serves.
         samples = _SAMPLES.get(key, [])
-        if not samples or ints in samples:
-            if ints not in samples and len(samples) < 2:
+        if len(samples) < 2 or ints in samples:
+            # A trace is bucketed at its third size: two sizes are often all there is (the
+            # gradient buffers of two parameter shapes), and the first bucketed trace of a
+            # process imports the compiler (~0.7 s), more than compiling a second program.
+            if ints not in samples:
                 _keep(_SAMPLES, key, [*samples, ints])
             return None
         fit = trace_shapes.fit(samples[0], ints, trace_shapes.shape_positions(description))
