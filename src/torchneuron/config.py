@@ -44,7 +44,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("TORCHNEURON_CACHE_DIR", "", "path",
                 "root of the on-disk caches (default $XDG_CACHE_HOME/torchneuron or ~/.cache/torchneuron)"),
         Setting("TORCHNEURON_EAGER_DISK_CACHE", "0", "bool",
-                "keep eager executables and fused programs in JAX's on-disk cache"),
+                "keep single eager executables in JAX's on-disk cache (fused programs are on disk anyway)"),
         Setting("TORCHNEURON_COMPILE_CACHE", "1", "bool",
                 "keep compiled executables on disk across processes"),
         Setting("TORCHNEURON_FUSION", "1", "bool",

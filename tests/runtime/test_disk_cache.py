@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from torchneuron.compiler import disk_cache
+from torchneuron.runtime import disk_cache
 
 
 def test_a_write_past_the_limit_drops_the_least_recently_used(tmp_path, monkeypatch):

@@ -21,24 +21,33 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.fx
-from jax.experimental import serialize_executable
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import __version__, config
 from ..lowerings import LOWERINGS, Lowering, overrides
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
 from ..lowerings.registry import index_exception
-from ..runtime import fusion, opcall, platform, rng, signature, storage, strided, transfer
+from ..runtime import (
+    disk_cache,
+    fusion,
+    opcall,
+    platform,
+    rng,
+    signature,
+    storage,
+    strided,
+    transfer,
+)
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
-from . import disk_cache, host_updates, support
+from . import host_updates, support
 from .stats import bump, target_stats
 
 aten = torch.ops.aten
 _NOT_RANDOM = Lowering(fn=None)
 _HOST_ARRAY = "host array"  # signature key tag of a CPU tensor input (not 0-dim)
 # Part of every on-disk key: version 2 drops the entries stored from JAX's own cache, which
-# cannot run (compiler/disk_cache.py `compile_lowered`).
+# cannot run (runtime/disk_cache.py `compile_lowered`).
 _DISK_FORMAT = "graph executables 2"
 
 
@@ -534,33 +543,15 @@ class CompiledGraph:
         return h.hexdigest()
 
     def _load_from_disk(self, disk_key: str):
-        try:
-            stored = disk_cache.load(disk_key)
-        except Exception as err:  # corrupted or unreadable: ignore and rebuild
-            bump("disk_cache_errors")
-            warnings.warn(f"torchneuron: ignoring unreadable compile cache entry ({err})", stacklevel=2)
-            disk_cache.discard(disk_key)
-            return None
-        if stored is None:
-            return None
-        try:
-            payload, in_tree, out_tree = stored
-            executable = serialize_executable.deserialize_and_load(
-                payload, in_tree, out_tree, backend=platform.jax_device(0).client
-            )
-        except Exception as err:
-            bump("disk_cache_errors")
-            warnings.warn(f"torchneuron: ignoring unloadable compile cache entry ({err})", stacklevel=2)
-            disk_cache.discard(disk_key)
-            return None
-        bump("disk_cache_hits")
+        executable = disk_cache.load_executable(disk_key, disk_cache.GRAPHS,
+                                                platform.jax_device(0).client,
+                                                on_error=lambda: bump("disk_cache_errors"))
+        if executable is not None:
+            bump("disk_cache_hits")
         return executable
 
     def _store_on_disk(self, disk_key: str, executable) -> None:
-        try:
-            disk_cache.store(disk_key, serialize_executable.serialize(executable))
-        except Exception as err:  # a full disk must not break training
-            warnings.warn(f"torchneuron: could not write the compile cache ({err})", stacklevel=2)
+        disk_cache.store_executable(disk_key, disk_cache.GRAPHS, executable)
 
     # -- outputs ---------------------------------------------------------------------------
     def _wrap(self, outputs: list, layouts: list, args) -> list:

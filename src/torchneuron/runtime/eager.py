@@ -40,7 +40,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             out_dtypes = (_out_dtypes(plan, values, args, kwargs)
                           if plan.out_args and plan.lowering is None else None)
             ex = executable.build(plan, lowering, key, values, args, kwargs, len(inputs),
-                                  out_dtypes)
+                                  out_dtypes, name=_stable_name(plan, lowering, cache_key))
         except executable.ResizeOutputs as resize:
             if resized:  # resizing `out` changed the expected shape: it is one of the inputs
                 raise RuntimeError(f"torchneuron: {plan.name}: an out= tensor is also an input "
@@ -118,6 +118,18 @@ def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable, values:
         fusion.forget_executable(evicted.fn)
         if native is not None:
             native.forget_executable(evicted.fn)
+
+
+def _stable_name(plan: OpPlan, lowering: Lowering, cache_key: tuple) -> str | None:
+    """What an executable computes, the same in every process (the on-disk caches' keys):
+    its op, which of the op's records runs, and its signature; None when the lowering is not
+    the package's own (an override, a custom kernel: code the keys do not cover) or the
+    signature holds a value whose text names an object rather than a value."""
+    if not getattr(lowering.fn, "__module__", "").startswith("torchneuron.lowerings."):
+        return None
+    form = "eager_form" if lowering is not plan.runs else "lowering"
+    name = f"{plan.op}|{form}|{cache_key!r}"
+    return None if " at 0x" in name else name
 
 
 def _signature_budget() -> int:

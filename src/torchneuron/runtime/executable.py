@@ -18,7 +18,7 @@ import torch
 
 from ..lowerings import Lowering
 from ..lowerings.dtypes import to_torch_dtype
-from . import opcall, signature, storage, strided
+from . import disk_cache, opcall, signature, storage, strided
 from .meta import flatten_results, meta_outputs, promotion_dtype, promotion_operands, to_meta
 from .plan import STATIC, OpPlan
 
@@ -150,9 +150,11 @@ class OutDtypes(NamedTuple):
 
 
 def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tuple,
-          kwargs: dict, num_inputs: int, out_dtypes: OutDtypes | None = None) -> Executable:
+          kwargs: dict, num_inputs: int, out_dtypes: OutDtypes | None = None,
+          name: str | None = None) -> Executable:
     """The executable of `lowering` for this call's signature `key` (raises PyTorch's error
-    for bad input, or ResizeOutputs when an out= tensor must be resized first)."""
+    for bad input, or ResizeOutputs when an out= tensor must be resized first). `name`: what
+    it computes, the same in every process (eager.py), for the on-disk caches."""
     direct = plan.lowering is not None  # registered on this very overload
     meta = meta_outputs(plan.op, args, kwargs, lowering.meta if direct else None)
     if plan.out_args and meta is not None:
@@ -253,7 +255,13 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
     writes = [(slot, wm) for slot, wm in zip(slots, write_meta) if slot is not None]
     ex = Executable(compiled, None if dynamic else fresh_meta, writes, lowering.index_error,
                     num_inputs)
+    if jit and name is not None:
+        compiled.stable_name = name  # runtime/fusion.py keys programs on disk by it
     if jit and not dynamic:
+        known = None if name is None else disk_cache.known_results(name)
+        if known is not None:  # an earlier trace of this very executable found them
+            ex.none_results = known
+            return ex
         # Trace abstractly once (jax.jit keeps the trace for the first real call): which
         # results are None, so that a call can be recorded before it runs (runtime/fusion.py).
         avals = signature.abstract_inputs(plan, key, values)
@@ -264,6 +272,8 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
         if lowering.rng:
             avals += [jax.ShapeDtypeStruct((), jnp.uint32)] * 4
         ex.none_results = tuple(r is None for r in jax.eval_shape(compiled, *avals))
+        if name is not None:
+            disk_cache.learn_results(name, ex.none_results)
     return ex
 
 

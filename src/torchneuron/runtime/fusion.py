@@ -15,7 +15,10 @@ The program is the composition of the ops' own executables, so it computes what 
 execution computes (XLA may fuse the floating-point steps differently, within the tolerance
 accepted between eager and compiled mode). Programs are cached by the trace's structure (which
 executables, how their inputs connect, which results are kept); scalars and buffers are inputs,
-so a training loop reaches a steady state without new compilations.
+so a training loop reaches a steady state without new compilations. On disk (runtime/
+disk_cache.py), a program is keyed by what its executables compute (their stable names: op,
+signature, default dtype) and the types of its inputs, so the next process loads it instead of
+tracing, lowering and compiling it.
 
 Adaptive: a trace whose ops keep coming back with new shapes (Hugging Face `generate()` meets a
 new sequence length at every token) would compile a whole new program each time. When the same
@@ -34,6 +37,7 @@ This module and runtime/storage.py are the only ones that touch payloads.
 from __future__ import annotations
 
 import collections
+import hashlib
 import sys
 import threading
 import time
@@ -47,7 +51,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import config
 from ..lowerings.registry import index_exception
-from . import _native
+from . import _native, disk_cache, platform
 
 _NATIVE = _native.fastpath()
 Pending = _NATIVE.Pending if _NATIVE is not None else None
@@ -68,7 +72,8 @@ class FusionStats:
     def reset(self) -> None:
         self.flushes = 0  # traces run
         self.ops = 0  # op calls those traces held
-        self.compilations = 0  # fused programs built (traced and compiled)
+        self.compilations = 0  # fused programs compiled
+        self.disk_loads = 0  # fused programs loaded from the on-disk cache instead
         self.cache_hits = 0  # traces served by a program already built
         self.evictions = 0  # programs dropped from the cache (its budget)
         self.op_by_op = 0  # traces run op by op (a skeleton seen with too many shapes)
@@ -261,7 +266,7 @@ def flush() -> None:
             values, flags = _run(_body(nodes, structure), externals, len(nodes))
         elif program is None:
             start = time.perf_counter()
-            program = _build(nodes, structure)
+            program = _build(nodes, structure, externals)
             values, flags = _run(program, externals, len(nodes))
             STATS.compile_seconds += time.perf_counter() - start
         else:
@@ -314,15 +319,96 @@ def _body(nodes, structure: tuple):
     return program
 
 
-def _build(nodes, structure: tuple):
+def _build(nodes, structure: tuple, externals: tuple):
     jitted = jax.jit(_body(nodes, structure))
-    _PROGRAMS[structure] = jitted
+    digest = _trace_digest(nodes, structure)
+    program = jitted if digest is None else _StoredProgram(digest, jitted)
+    if digest is None:
+        STATS.compilations += 1  # at its first call
+    _PROGRAMS[structure] = program
     budget = int(config.raw("TORCHNEURON_FUSION_PROGRAMS"))
     while len(_PROGRAMS) > budget:
         _PROGRAMS.popitem(last=False)
         STATS.evictions += 1
-    STATS.compilations += 1
-    return jitted
+    return program
+
+
+class _StoredProgram:
+    """A trace's program, kept on disk: one executable per set of input types (a buffer of
+    another length read through the same view is another), each loaded from the on-disk
+    cache, or compiled and stored there."""
+
+    __slots__ = ("digest", "jitted", "current", "by_types", "unkeyed")
+    _TYPES_KEPT = 8  # input types kept per trace (least recently added dropped first)
+
+    def __init__(self, digest: str, jitted) -> None:
+        self.digest, self.jitted = digest, jitted
+        self.current = None
+        self.by_types: dict[str, Any] = {}
+        self.unkeyed = False
+
+    def __call__(self, *externals):
+        if self.current is not None:
+            try:
+                return self.current(*externals)
+            except TypeError:  # "Argument types differ from the types ... compiled"
+                pass
+        key = _inputs_key(self.digest, externals)
+        if key is None:  # inputs whose types have no stable text: jax.jit's own cache
+            if not self.unkeyed:
+                self.unkeyed = True
+                STATS.compilations += 1
+            return self.jitted(*externals)
+        compiled = self.by_types.get(key)
+        if compiled is None:
+            if len(self.by_types) >= self._TYPES_KEPT:
+                self.by_types.pop(next(iter(self.by_types)))
+            compiled = self.by_types[key] = self._load_or_compile(key, externals)
+        self.current = compiled
+        return compiled(*externals)
+
+    def _load_or_compile(self, key: str, externals: tuple):
+        client = platform.jax_device(0).client
+        compiled = disk_cache.load_executable(key, disk_cache.PROGRAMS, client)
+        if compiled is not None:
+            STATS.disk_loads += 1
+            return compiled
+        lowered = self.jitted.trace(*externals).lower()
+        compiled, from_jax_cache = disk_cache.compile_lowered(lowered)
+        STATS.compilations += 1
+        if not from_jax_cache:
+            disk_cache.store_executable(key, disk_cache.PROGRAMS, compiled)
+        return compiled
+
+
+def _trace_digest(nodes, structure: tuple) -> str | None:
+    """What the trace computes, the same in every process: what every node computes (its
+    executable's stable name), how they connect and what the trace keeps; None when a node
+    has no stable name (then the program is kept in memory only) or the cache is off."""
+    if disk_cache.cache_dir(disk_cache.PROGRAMS) is None:
+        return None
+    h = hashlib.sha256(disk_cache.build_digest().encode())
+    for fn, refs, n, _site in nodes:
+        name = getattr(fn, "stable_name", None)
+        if name is None:
+            return None
+        h.update(f"{name}\0{refs}\0{n}\0".encode())
+    h.update(repr(structure[1:]).encode())
+    return h.hexdigest()
+
+
+def _inputs_key(digest: str, externals: tuple) -> str | None:
+    """The on-disk key of a trace's program for these inputs' types (None: an input of a
+    kind whose type has no stable text)."""
+    h = hashlib.sha256(digest.encode())
+    for x in externals:
+        if isinstance(x, jax.Array):
+            h.update(f"\0{x.shape}{x.dtype}{x.weak_type}{x.sharding}".encode())
+        elif type(x) in (bool, int, float, complex):
+            h.update(f"\0{type(x).__name__}".encode())
+        else:
+            return None
+    return h.hexdigest()
 
 
 def wait() -> None:

@@ -51,13 +51,13 @@ jax.config.update("jax_enable_x64", True)
 # hand-off per op (measured: 64x64 add 130 us -> 47 us). TORCHNEURON_ASYNC_DISPATCH=1 restores
 # JAX's default asynchronous dispatch.
 jax.config.update("jax_cpu_enable_async_dispatch", config.flag("TORCHNEURON_ASYNC_DISPATCH"))
-# With TORCHNEURON_EAGER_DISK_CACHE=1, eager executables and fused eager programs are kept on
+# With TORCHNEURON_EAGER_DISK_CACHE=1, single eager executables (ops run one by one) are kept on
 # disk by JAX's own cache (keyed by the program), so a second process loads them instead of
-# compiling (a tiny Llama's first step: 4.7 s cold, 1.6 s warm, load 5). Off by default: that
-# cache also serves compiled graphs whose program equals an eager one, which the compiled
-# path's counters and its own cache (compiler/disk_cache.py) do not expect yet. Its size is
-# kept to TORCHNEURON_DISK_CACHE_BYTES here, once per process: JAX's own limit scans the whole
-# directory at every write (measured: 16 of 49 s of a generate() call with 1,200 entries).
+# compiling; fused programs have their own cache (runtime/fusion.py, on by default). Off by
+# default: that cache also serves compiled graphs whose program equals an eager one, which the
+# compiled path's counters do not expect. Its size is kept to TORCHNEURON_DISK_CACHE_BYTES
+# here, once per process: JAX's own limit scans the whole directory at every write (measured:
+# 16 of 49 s of a generate() call with 1,200 entries).
 if config.flag("TORCHNEURON_COMPILE_CACHE") and config.flag("TORCHNEURON_EAGER_DISK_CACHE"):
     _jax_cache = config.cache_root() / "jax"
     disk_budget.prune(_jax_cache, int(config.raw("TORCHNEURON_DISK_CACHE_BYTES")),

@@ -265,10 +265,11 @@ class ZeroFill:
     its first reader views it whole, else its length) elements of `dtype`, flat. One object
     per shape, so that traces of the same shapes match."""
 
-    __slots__ = ("shape", "dtype")
+    __slots__ = ("shape", "dtype", "stable_name")
 
     def __init__(self, shape: tuple, dtype: torch.dtype) -> None:
         self.shape, self.dtype = shape, dtype
+        self.stable_name = f"zeros|{shape!r}|{dtype}"  # fusion's on-disk program keys
 
     def __call__(self) -> tuple:
         return (jnp.zeros(self.shape, to_jax_dtype(self.dtype)).reshape(-1),)
