@@ -386,3 +386,14 @@ def test_launch_blocking_and_fusion_switches(env, expected):
                           env={**inherited, **env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert expected in proc.stdout
+
+
+def test_arange_over_starts_is_one_program(fused):
+    # generate() asks for torch.arange(n, n + 1) at every token: the start is traced.
+    torch.arange(3, 4, device=DEV).cpu()
+    before = torchneuron.fusion_stats()["compilations"]
+    for n in range(4, 24):
+        assert torch.arange(n, n + 1, device=DEV).cpu().tolist() == [n]
+        assert torch.equal(torch.arange(n * 0.5, n * 0.5 + 2, 0.5, device=DEV).cpu(),
+                           torch.arange(n * 0.5, n * 0.5 + 2, 0.5))
+    assert torchneuron.fusion_stats()["compilations"] - before <= 2

@@ -125,10 +125,10 @@ def _stable_name(plan: OpPlan, lowering: Lowering, cache_key: tuple) -> str | No
     its op, which of the op's records runs, and its signature; None when the lowering is not
     the package's own (an override, a custom kernel: code the keys do not cover) or the
     signature holds a value whose text names an object rather than a value."""
-    if not getattr(lowering.fn, "__module__", "").startswith("torchneuron.lowerings."):
+    module = getattr(lowering.fn, "__module__", "")
+    if not module.startswith("torchneuron.lowerings."):
         return None
-    form = "eager_form" if lowering is not plan.runs else "lowering"
-    name = f"{plan.op}|{form}|{cache_key!r}"
+    name = f"{plan.op}|{module}.{lowering.fn.__qualname__}|{cache_key!r}"
     return None if " at 0x" in name else name
 
 
