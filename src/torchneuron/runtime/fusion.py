@@ -17,7 +17,7 @@ accepted between eager and compiled mode). Programs are cached by the trace's st
 executables, how their inputs connect, which results are kept); scalars and buffers are inputs,
 so a training loop reaches a steady state without new compilations. On disk (runtime/
 disk_cache.py), a program is keyed by what its executables compute (their stable names: op,
-signature, default dtype) and the types of its inputs, so the next process loads it instead of
+lowering, signature, default dtype) and the types of its inputs, so the next process loads it instead of
 tracing, lowering and compiling it.
 
 Adaptive: a trace whose ops keep coming back with new shapes (Hugging Face `generate()` meets a
@@ -266,7 +266,7 @@ def flush() -> None:
             values, flags = _run(_body(nodes, structure), externals, len(nodes))
         elif program is None:
             start = time.perf_counter()
-            program = _build(nodes, structure, externals)
+            program = _build(nodes, structure)
             values, flags = _run(program, externals, len(nodes))
             STATS.compile_seconds += time.perf_counter() - start
         else:
@@ -319,7 +319,7 @@ def _body(nodes, structure: tuple):
     return program
 
 
-def _build(nodes, structure: tuple, externals: tuple):
+def _build(nodes, structure: tuple):
     jitted = jax.jit(_body(nodes, structure))
     digest = _trace_digest(nodes, structure)
     program = jitted if digest is None else _StoredProgram(digest, jitted)
