@@ -115,3 +115,24 @@ def test_a_program_is_not_served_for_inputs_of_other_types(own_cache):
     after = torchneuron.fusion_stats()
     assert after["compilations"] - before["compilations"] <= 1
     assert after["disk_loads"] - before["disk_loads"] >= 1
+
+
+_WARNS = """
+    import warnings
+    import torch, torchneuron
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.empty(16, device="neuron").random_(0, 2**30)  # CPU warns: float's 2**24 limit
+    print(sum("out of bounds" in str(w.message) for w in caught))
+"""
+
+
+def test_a_lowering_that_warns_warns_in_every_process(shared_cache_dir):
+    # Its warning comes while it is traced: a process that knew its results from the disk
+    # and skipped tracing it recorded the op silently.
+    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(shared_cache_dir)}
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WARNS)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip().splitlines()[-1] == "1"

@@ -9,6 +9,7 @@ signature (output metadata, write targets, layout flags) is worked out once, her
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -271,8 +272,13 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
                           jax.ShapeDtypeStruct((), jnp.int64, weak_type=True)]
         if lowering.rng:
             avals += [jax.ShapeDtypeStruct((), jnp.uint32)] * 4
-        ex.none_results = tuple(r is None for r in jax.eval_shape(compiled, *avals))
-        if name is not None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results = jax.eval_shape(compiled, *avals)
+        for w in caught:  # a lowering's own warning comes while it is traced: pass it on
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        ex.none_results = tuple(r is None for r in results)
+        if name is not None and not caught:  # one that warns is traced in every process
             disk_cache.learn_results(name, ex.none_results)
     return ex
 
