@@ -181,13 +181,12 @@ def arange_end_out(end, *, out):
 @decomposes(aten.arange.start_out)
 def arange_out(start, end, step=1, *, out):
     start, end, step = _scalar(start), _scalar(end), _scalar(step)
-    integral = all(isinstance(v, int | bool) for v in (start, end, step))
-    if integral or out.dtype.is_floating_point or out.dtype.is_complex:
+    floating = out.dtype.is_floating_point or out.dtype.is_complex
+    if floating or all(isinstance(v, int | bool) for v in (start, end, step)):
         # The lowering's own formula, start + i * step in int64/float64 then cast, with only
         # the length static: `torch.arange(n, n + 1)` at every step of a generate() loop is
         # one program (start and step are traced), not one per start.
-        wide = torch.int64 if integral and not (out.dtype.is_floating_point
-                                                or out.dtype.is_complex) else torch.float64
+        wide = torch.float64 if floating else torch.int64
         count = _arange_length(start, end, step)
         index = aten.arange.start_step(0, count, 1, dtype=wide, device=out.device)
         values = (index * step + start).to(out.dtype)
