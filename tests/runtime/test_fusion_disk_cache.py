@@ -136,3 +136,33 @@ def test_a_lowering_that_warns_warns_in_every_process(shared_cache_dir):
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.strip().splitlines()[-1] == "1"
+
+
+_LINALG = """
+    import json
+    import torch, torchneuron
+
+    torch.manual_seed(0)
+    a = torch.randn(6, 6, dtype=torch.float64)
+    spd = a @ a.T + 6 * torch.eye(6, dtype=torch.float64)
+    x = spd.to("neuron")
+    out = torch.linalg.inv(x) @ torch.linalg.cholesky(x)
+    print(json.dumps({"out": out.cpu().flatten().tolist(),
+                      "disk_loads": torchneuron.fusion_stats()["disk_loads"]}))
+"""
+
+
+def test_a_loaded_program_that_calls_lapack_runs(shared_cache_dir):
+    # jaxlib binds its LAPACK kernels only when it lowers a linalg op; a process that loads
+    # such a program from disk lowers nothing, and ran it through unset pointers (SIGSEGV).
+    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(shared_cache_dir)}
+    env.pop("TORCHNEURON_FUSION", None)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_LINALG)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["disk_loads"] == 0 and second["disk_loads"] >= 1
+    assert second["out"] == first["out"]

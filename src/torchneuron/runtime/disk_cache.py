@@ -36,6 +36,11 @@ from jax.experimental import serialize_executable
 from .. import config
 from . import disk_budget
 
+try:
+    from jax._src.lax.linalg import initialize_lapack as _initialize_lapack
+except ImportError:  # another JAX: it binds LAPACK some other way
+    _initialize_lapack = None
+
 _MAGIC = b"TNXC1\n"
 GRAPHS = "executables"
 PROGRAMS = "programs"
@@ -130,6 +135,7 @@ def load_executable(key: str, kind: str, client, on_error: Callable[[], None] | 
         if stored is None:
             return None
         payload, in_tree, out_tree = stored
+        _initialize_runtime_libraries()
         return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
                                                          backend=client)
     except Exception as err:  # corrupted, or written by another build: ignore and rebuild
@@ -139,6 +145,14 @@ def load_executable(key: str, kind: str, client, on_error: Callable[[], None] | 
         if on_error is not None:
             on_error()
         return None
+
+
+def _initialize_runtime_libraries() -> None:
+    # jaxlib binds its LAPACK kernels (CPU linalg: getrf, potrf, ...) only when it first lowers
+    # a linalg op. An executable loaded in a process that never lowered one would call through
+    # unset pointers and crash the process (SIGSEGV): bind them before any load.
+    if _initialize_lapack is not None:
+        _initialize_lapack()
 
 
 def store_executable(key: str, kind: str, executable) -> None:
