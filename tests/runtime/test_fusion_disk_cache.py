@@ -31,7 +31,8 @@ _TRAIN = """
     jax.eval_shape = lambda *a, **k: traced.append(1) or eval_shape(*a, **k)
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+    # (dropout: a trace with a random op takes its draw as numpy words)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.25),
                                 torch.nn.Linear(16, 4)).to("neuron")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x, y = torch.randn(32, 8).to("neuron"), torch.randn(32, 4).to("neuron")

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 import torch
 import torch.autograd.profiler as _profiler
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -406,6 +407,8 @@ def _inputs_key(digest: str, externals: tuple) -> str | None:
             h.update(f"\0{x.shape}{x.dtype}{x.weak_type}{x.sharding}".encode())
         elif type(x) in (bool, int, float, complex):
             h.update(f"\0{type(x).__name__}".encode())
+        elif isinstance(x, np.generic):  # a random op's draw: four uint32 words
+            h.update(f"\0np.{x.dtype}".encode())
         else:
             return None
     return h.hexdigest()
