@@ -43,6 +43,23 @@ def fresh_compile_state(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def xla_compilations():
+    """A list that gets an entry for every XLA compilation while the test runs (JAX reports
+    each as a monitoring event); clear it to count from a later point."""
+    import jax.monitoring
+
+    compiles: list[str] = []
+
+    def count(event: str, _seconds: float, **_kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    yield compiles
+    jax.monitoring.unregister_event_duration_listener(count)
+
+
+@pytest.fixture
 def shared_cache_dir(tmp_path) -> Path:
     """An empty cache directory for child processes, holding only this process's C++ library
     (when it was built): a child then loads it instead of spending half a minute compiling it.

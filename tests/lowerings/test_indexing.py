@@ -175,18 +175,10 @@ def test_setitem(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.complex64])
-def test_mask_fill_is_one_program_whatever_the_count(dtype):
+def test_mask_fill_is_one_program_whatever_the_count(dtype, xla_compilations):
     # `x[mask] = v` with one boolean mask and one value is a `where` (registry.eager_form):
     # traced, cached and fused, where host-side nonzero and a scatter compiled once per count
     # of set elements (the upstream test_view_ops spent 360 s so) before.
-    import jax.monitoring
-
-    compiles = []
-
-    def count(event, _seconds, **_kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
-
     value = {torch.bool: True, torch.int64: 7, torch.complex64: complex("nan")}.get(
         dtype, float("nan"))
 
@@ -196,20 +188,16 @@ def test_mask_fill_is_one_program_whatever_the_count(dtype):
         t.index_put_((mm,), torch.tensor(value, dtype=t.dtype), accumulate=dtype != torch.bool)
         return t
 
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
-        for seed in range(6):  # a different count of set elements each time
-            if seed == 1:
-                compiles.clear()  # the first call compiles its transfers and its program
-            m = _data(torch.bool, seed=10 + seed)
-            inner = _data(torch.bool, (4, 5), seed=20 + seed)
-            x = _data(dtype, seed=seed)
-            x = x.to(torch.complex64) if dtype.is_complex else x
-            expected, got = fill(x.clone(), m, inner), fill(x.to(DEV), m, inner)
-            torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=0, atol=0)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
-    assert compiles == []  # the same program for every count
+    for seed in range(6):  # a different count of set elements each time
+        if seed == 1:
+            xla_compilations.clear()  # the first call compiles its transfers and its program
+        m = _data(torch.bool, seed=10 + seed)
+        inner = _data(torch.bool, (4, 5), seed=20 + seed)
+        x = _data(dtype, seed=seed)
+        x = x.to(torch.complex64) if dtype.is_complex else x
+        expected, got = fill(x.clone(), m, inner), fill(x.to(DEV), m, inner)
+        torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=0, atol=0)
+    assert xla_compilations == []  # the same program for every count
 
 
 def test_mask_fill_errors_like_cpu():

@@ -35,3 +35,34 @@ def test_factory_of_65_dims():
     z = torch.zeros([1] * 65, device=DEV)
     assert z.dim() == 65
     assert z.cpu().shape == (1,) * 65 and z.cpu().reshape(-1).tolist() == [0.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.complex64,
+                                   torch.int64])
+def test_reading_views_to_the_host_compiles_nothing(dtype, xla_compilations):
+    # On the CPU platform a buffer is host memory: `.cpu()`, `.item()` and `.tolist()` of any
+    # view read it through numpy's strides, where a gather compiled a program per view shape
+    # (PyTorch's test_view_ops spent most of its time so).
+    base = torch.arange(120).reshape(4, 5, 6).to(dtype)
+    views = [lambda t: t[1], lambda t: t[:, 2], lambda t: t.transpose(0, 2),
+             lambda t: t[::2, 1:, ::3], lambda t: t[2, 3, 4], lambda t: t.as_strided((3, 2), (7, 0), 5),
+             lambda t: t[:, :0], lambda t: t.unsqueeze(1).expand(4, 3, 5, 6)]
+    device = base.to(DEV)
+    torch.neuron.synchronize()
+    xla_compilations.clear()
+    for view in views:
+        expected, got = view(base), view(device).cpu()
+        assert (got.shape, got.stride()) == (expected.shape, torch.ops.aten._to_copy(expected).stride())
+        assert torch.equal(got, expected)
+    assert view(device).tolist() == view(base).tolist()
+    assert views[4](device).item() == views[4](base).item()
+    assert xla_compilations == []
+
+
+def test_a_host_copy_does_not_alias_the_device_buffer():
+    t = torch.arange(6.0).to(DEV)
+    host = t[1:4].cpu()
+    host.fill_(-1)
+    t.add_(1)
+    assert t.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert host.tolist() == [-1.0, -1.0, -1.0]

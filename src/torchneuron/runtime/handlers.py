@@ -95,7 +95,8 @@ def _to_copy_strides(t: torch.Tensor, dtype: torch.dtype, memory_format) -> tupl
     asks for rank 4) and raises PyTorch's own errors."""
     meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
     stride = tuple(aten._to_copy.default(meta, dtype=dtype, memory_format=memory_format).stride())
-    if strided.dense_permutation(tuple(t.shape), stride) is None:
+    # (an empty tensor keeps its strides, as on CPU: it holds no elements to lay out)
+    if t.numel() and strided.dense_permutation(tuple(t.shape), stride) is None:
         return storage.contiguous_strides(t.shape)
     return stride
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .. import config
 from ..lowerings.dtypes import to_jax_dtype
 from . import storage, strided
 from .plan import NEURON
@@ -33,12 +34,25 @@ def logical_array(t: torch.Tensor) -> jax.Array:
 
 def logical_host_array(t: torch.Tensor) -> np.ndarray:
     """The logical value of a neuron tensor as a (read-only) numpy array; on the CPU platform
-    a contiguous tensor's is a view of its buffer, with nothing compiled or copied."""
-    buf = storage.storage_buffer(t.untyped_storage(), t.dtype)
-    if t.is_contiguous() and not (t.is_conj() or t.is_neg()) and t.storage_offset() == 0 \
-            and t.numel() == buf.shape[0]:
-        return np.asarray(jax.device_get(buf)).reshape(tuple(t.shape))
-    return np.asarray(jax.device_get(logical_array(t)))
+    it is a view of the tensor's buffer, with nothing compiled or copied."""
+    view = _host_view(t)
+    return np.asarray(jax.device_get(logical_array(t))) if view is None else view
+
+
+def _host_view(t: torch.Tensor) -> np.ndarray | None:
+    """On the CPU platform, `t`'s value as a read-only numpy view of its storage buffer, which
+    is host memory already: reading a view through numpy's strides compiles nothing, where a
+    gather on the device compiles one program per view shape. None where the device must
+    compute the value (lazy conj/neg bits, more dimensions than numpy holds)."""
+    if config.platform() != "cpu" or t.is_conj() or t.is_neg() or t.dim() > _NUMPY_MAX_DIMS:
+        return None
+    host = np.asarray(jax.device_get(storage.storage_buffer(t.untyped_storage(), t.dtype)))
+    shape = tuple(t.shape)
+    if t.numel() == 0:
+        return np.empty(shape, host.dtype)
+    strides = tuple(s * host.itemsize for s in t.stride())
+    return np.lib.stride_tricks.as_strided(host[t.storage_offset():], shape, strides,
+                                           writeable=False)
 
 
 # numpy holds at most 32 dimensions (64 since numpy 2); PyTorch and XLA have no such limit, so
@@ -76,6 +90,9 @@ def numpy_to_cpu(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def neuron_to_cpu(t: torch.Tensor) -> torch.Tensor:
     """The logical value of a neuron tensor as a new contiguous CPU tensor."""
+    view = _host_view(t)
+    if view is not None:
+        return numpy_to_cpu(np.array(view, order="C", copy=True), t.dtype).reshape(t.shape)
     value = logical_array(t)
     if value.ndim > _NUMPY_MAX_DIMS:
         value = value.reshape(-1)
