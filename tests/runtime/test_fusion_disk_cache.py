@@ -167,3 +167,39 @@ def test_a_loaded_program_that_calls_lapack_runs(shared_cache_dir):
     first, second = runs
     assert first["disk_loads"] == 0 and second["disk_loads"] >= 1
     assert second["out"] == first["out"]
+
+
+_CHURN = """
+    import json
+    import torch, torchneuron
+
+    results = []
+    for n in range(30, 38):  # one skeleton, a new size each time: past two, op by op
+        a = torch.arange(n * 3.0, device="neuron").reshape(n, 3)
+        results.append((a * 2 + 1).sum(0).cpu().tolist())
+    stats = torchneuron.fusion_stats()
+    print(json.dumps({"results": results, "op_by_op": stats["op_by_op"],
+                      "op_compilations": stats["op_compilations"],
+                      "op_disk_loads": stats["op_disk_loads"]}))
+"""
+
+
+def test_ops_run_one_by_one_are_loaded_from_disk_too(shared_cache_dir):
+    # A trace whose shapes churn runs op by op (generate() at every token, PyTorch's
+    # test_view_ops over its many shapes); its ops' executables are kept on disk as well.
+    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(shared_cache_dir)}
+    env.pop("TORCHNEURON_FUSION", None)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHURN)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["op_by_op"] >= 4 and first["op_compilations"] >= 4
+    assert first["op_disk_loads"] == 0
+    assert second["op_compilations"] == 0
+    assert second["op_disk_loads"] == first["op_compilations"]
+    assert second["results"] == first["results"]
+    expected = [(torch.arange(n * 3.0).reshape(n, 3) * 2 + 1).sum(0).tolist() for n in range(30, 38)]
+    assert first["results"] == expected

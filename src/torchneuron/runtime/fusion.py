@@ -75,6 +75,8 @@ class FusionStats:
         self.ops = 0  # op calls those traces held
         self.compilations = 0  # fused programs compiled
         self.disk_loads = 0  # fused programs loaded from the on-disk cache instead
+        self.op_compilations = 0  # single ops compiled for traces run op by op (`_alone`)
+        self.op_disk_loads = 0  # such ops loaded from the on-disk cache instead
         self.cache_hits = 0  # traces served by a program already built
         self.evictions = 0  # programs dropped from the cache (its budget)
         self.op_by_op = 0  # traces run op by op (a skeleton seen with too many shapes)
@@ -264,7 +266,7 @@ def flush() -> None:
             STATS.bucketed_runs += 1
         elif program is None and _shapes_churn(nodes):  # counts a compilation otherwise
             STATS.op_by_op += 1
-            values, flags = _run(_body(nodes, structure), externals, len(nodes))
+            values, flags = _run(_body(nodes, structure, _alone), externals, len(nodes))
         elif program is None:
             start = time.perf_counter()
             program = _build(nodes, structure)
@@ -304,10 +306,11 @@ def _run(program, externals: tuple, num_ops: int):
     return program(*externals)
 
 
-def _body(nodes, structure: tuple):
-    """The trace as a function of its external inputs: the ops' executables in order, returning
-    the values kept and the index-check flags (run as is, it is op-by-op execution)."""
-    steps = [(fn, refs, n) for fn, refs, n, _ in nodes]
+def _body(nodes, structure: tuple, step=lambda fn: fn):
+    """The trace as a function of its external inputs: the ops' executables in order (each
+    as `step` gives it), returning the values kept and the index-check flags (run as is, it
+    is op-by-op execution)."""
+    steps = [(step(fn), refs, n) for fn, refs, n, _ in nodes]
     live_values, check_values = structure[1], structure[2]
 
     def program(*externals):
@@ -339,11 +342,12 @@ class _StoredProgram:
     another length read through the same view is another), each loaded from the on-disk
     cache, or compiled and stored there."""
 
-    __slots__ = ("digest", "jitted", "current", "by_types", "unkeyed")
+    __slots__ = ("digest", "jitted", "current", "by_types", "unkeyed", "counters")
     _TYPES_KEPT = 8  # input types kept per trace (least recently added dropped first)
 
-    def __init__(self, digest: str, jitted) -> None:
+    def __init__(self, digest: str, jitted, counters=("compilations", "disk_loads")) -> None:
         self.digest, self.jitted = digest, jitted
+        self.counters = counters  # STATS' names for its compilations and loads
         self.current = None
         self.by_types: dict[str, Any] = {}
         self.unkeyed = False
@@ -358,7 +362,7 @@ class _StoredProgram:
         if key is None:  # inputs whose types have no stable text: jax.jit's own cache
             if not self.unkeyed:
                 self.unkeyed = True
-                STATS.compilations += 1
+                self._count(0)
             return self.jitted(*externals)
         compiled = self.by_types.get(key)
         if compiled is None:
@@ -372,14 +376,32 @@ class _StoredProgram:
         client = platform.jax_device(0).client
         compiled = disk_cache.load_executable(key, disk_cache.PROGRAMS, client)
         if compiled is not None:
-            STATS.disk_loads += 1
+            self._count(1)
             return compiled
         lowered = self.jitted.trace(*externals).lower()
         compiled, from_jax_cache = disk_cache.compile_lowered(lowered)
-        STATS.compilations += 1
+        self._count(0)
         if not from_jax_cache:
             disk_cache.store_executable(key, disk_cache.PROGRAMS, compiled)
         return compiled
+
+    def _count(self, which: int) -> None:
+        name = self.counters[which]
+        setattr(STATS, name, getattr(STATS, name) + 1)
+
+
+def _alone(fn):
+    """An eager executable run by itself (a trace whose shapes churn runs op by op): from its
+    program kept on disk, like a trace's, when it has a stable name."""
+    program = getattr(fn, "alone", None)
+    if program is not None:
+        return program
+    name = getattr(fn, "stable_name", None)
+    if name is None or not hasattr(fn, "trace") or disk_cache.cache_dir(disk_cache.PROGRAMS) is None:
+        return fn
+    digest = hashlib.sha256(f"{disk_cache.build_digest()}\0alone\0{name}".encode()).hexdigest()
+    fn.alone = _StoredProgram(digest, fn, ("op_compilations", "op_disk_loads"))
+    return fn.alone
 
 
 def _trace_digest(nodes, structure: tuple) -> str | None:
