@@ -403,3 +403,30 @@ def test_arange_over_starts_is_one_program(fused, xla_compilations):
     for n in range(4, 24):
         run(n)
     assert xla_compilations == []
+
+
+_CASTS = [
+    lambda t: t.to(torch.float64), lambda t: t.t().to(torch.float16),
+    lambda t: t[:, ::2].double(), lambda t: t.to(torch.int32), lambda t: t.to(torch.complex64),
+    lambda t: t.to(memory_format=torch.contiguous_format, copy=True),
+    lambda t: t.t().contiguous().t().to(torch.bfloat16), lambda t: t.expand(2, 4, 5).double(),
+    lambda t: t[0, 0].to(torch.int64),
+    lambda t: t.reshape(1, 4, 5, 1).to(memory_format=torch.channels_last),
+]
+
+
+def test_a_cast_on_the_device_is_recorded_and_keeps_cpu_layouts(fused):
+    # `.to(dtype)`/`.double()` of a neuron tensor runs the _to_copy lowering, recorded like any
+    # other op: no sync, and the layout CPU gives (a transposed or channels_last input keeps
+    # its strides, a non-dense one becomes contiguous).
+    x = torch.randn(4, 5)
+    device = x.to(DEV)
+    torch.neuron.synchronize()
+    before = torchneuron.fusion_stats()["flushes"]
+    results = [cast(device) * 2 for cast in _CASTS]
+    assert torchneuron.fusion_stats()["flushes"] == before
+    for cast, got in zip(_CASTS, results):
+        expected = cast(x) * 2
+        assert (got.dtype, got.shape, got.stride()) == (expected.dtype, expected.shape,
+                                                        expected.stride())
+        assert torch.equal(got.cpu(), expected)

@@ -129,7 +129,7 @@ def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=Non
     return jnp.zeros(tuple(size), _dtype(dtype))
 
 
-@lowers(aten._to_copy.default, graph_only=True)
+@lowers(aten._to_copy.default)
 def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
     # A dtype cast (`.float()`, `.to(torch.bfloat16)`). Inside one executable every value is

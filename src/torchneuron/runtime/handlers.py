@@ -8,8 +8,9 @@ import warnings
 import torch
 from torch._prims_common import suggest_memory_format
 
-from . import storage, strided, transfer
-from .plan import NEURON, handles
+from ..lowerings import LOWERINGS
+from . import eager, storage, strided, transfer
+from .plan import NEURON, handles, plan_for
 from .signature import device_mismatch
 from .storage import CPU_KEYS
 
@@ -106,6 +107,14 @@ def _to_copy_strides(t: torch.Tensor, dtype: torch.dtype, memory_format) -> tupl
 def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     dtype = dtype or t.dtype
     target = torch.device(device) if device is not None else t.device
+    if target.type == NEURON and t.device.type == NEURON and layout in (None, torch.strided) \
+            and target.index in (None, t.device.index):
+        # A cast or copy on the same device runs the op's lowering: recorded and fused like
+        # any other op, where a gather and a cast compiled per view shape ran at once.
+        kwargs = dict(dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+                      non_blocking=non_blocking, memory_format=memory_format)
+        return eager.run_lowered(plan_for(aten._to_copy.default),
+                                 LOWERINGS[aten._to_copy.default], (t,), kwargs)
     stride = _to_copy_strides(t, dtype, memory_format)
     if target.type == NEURON:
         if t.device.type == NEURON:
