@@ -66,3 +66,19 @@ def test_a_host_copy_does_not_alias_the_device_buffer():
     t.add_(1)
     assert t.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert host.tolist() == [-1.0, -1.0, -1.0]
+
+
+def test_moving_to_the_device_compiles_nothing(xla_compilations):
+    # A CPU tensor is laid out in memory order on the host (a transposed or channels_last
+    # one keeps its strides, as CPU's .to does): no program per new shape on the device.
+    torch.ones(1).to(DEV)
+    xla_compilations.clear()
+    for n in range(3, 7):
+        x = torch.randn(2, n, 4, 5)
+        for view in (x, x.transpose(1, 3), x.to(memory_format=torch.channels_last), x[:, ::2]):
+            for dtype in (None, torch.float64):
+                got = view.to(DEV, dtype)
+                expected = torch.ops.aten._to_copy(view, dtype=dtype)
+                assert got.stride() == expected.stride()
+                assert torch.equal(got.cpu(), expected)
+    assert xla_compilations == []

@@ -103,6 +103,19 @@ def _to_copy_strides(t: torch.Tensor, dtype: torch.dtype, memory_format) -> tupl
 
 
 
+def _host_to_new_neuron(t: torch.Tensor, dtype: torch.dtype, stride: tuple[int, ...]):
+    """A CPU tensor as a new neuron tensor of `dtype` and (dense) `stride`: laid out in memory
+    order on the host, so that the device compiles nothing for a new shape."""
+    src = t if t.dtype == dtype else t.to(dtype)
+    if src.is_complex() and not dtype.is_complex:
+        src = src.real
+    if stride != storage.contiguous_strides(t.shape) and src.numel() > 1:
+        laid = torch.empty_strided(src.shape, stride, dtype=dtype)
+        src = laid.copy_(src).as_strided((src.numel(),), (1,))  # dense: its memory order
+    return storage.new_tensor(tuple(t.shape), dtype, stride,
+                              storage.host_to_buffer(transfer.cpu_to_numpy(src)))
+
+
 @handles(aten._to_copy.default)
 def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     dtype = dtype or t.dtype
@@ -120,10 +133,7 @@ def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         if t.device.type == NEURON:
             value = transfer.cast_broadcast(transfer.logical_array(t), dtype, t.shape)
         else:
-            src = t if t.dtype == dtype else t.to(dtype)
-            if src.is_complex() and not dtype.is_complex:
-                src = src.real
-            value = storage.host_to_buffer(transfer.cpu_to_numpy(src)).reshape(src.shape)
+            return _host_to_new_neuron(t, dtype, stride)
         return storage.new_tensor(tuple(t.shape), dtype, stride, transfer.memory_order_jit(value, stride))
     if t.device.type == NEURON:
         out = torch.empty_strided(t.shape, stride, dtype=dtype, device=target)
