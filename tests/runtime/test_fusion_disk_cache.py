@@ -139,6 +139,19 @@ def test_a_lowering_that_warns_warns_in_every_process(shared_cache_dir):
         assert proc.stdout.strip().splitlines()[-1] == "1"
 
 
+def _two_processes(script: str, cache_dir) -> list[dict]:
+    """`script`'s last line (JSON) from two processes in turn sharing `cache_dir`."""
+    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(cache_dir)}
+    env.pop("TORCHNEURON_FUSION", None)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
+
+
 _LINALG = """
     import json
     import torch, torchneuron
@@ -156,15 +169,7 @@ _LINALG = """
 def test_a_loaded_program_that_calls_lapack_runs(shared_cache_dir):
     # jaxlib binds its LAPACK kernels only when it lowers a linalg op; a process that loads
     # such a program from disk lowers nothing, and ran it through unset pointers (SIGSEGV).
-    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(shared_cache_dir)}
-    env.pop("TORCHNEURON_FUSION", None)
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_LINALG)], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    first, second = runs
+    first, second = _two_processes(_LINALG, shared_cache_dir)
     assert first["disk_loads"] == 0 and second["disk_loads"] >= 1
     assert second["out"] == first["out"]
 
@@ -187,15 +192,7 @@ _CHURN = """
 def test_ops_run_one_by_one_are_loaded_from_disk_too(shared_cache_dir):
     # A trace whose shapes churn runs op by op (generate() at every token, PyTorch's
     # test_view_ops over its many shapes); its ops' executables are kept on disk as well.
-    env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(shared_cache_dir)}
-    env.pop("TORCHNEURON_FUSION", None)
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHURN)], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    first, second = runs
+    first, second = _two_processes(_CHURN, shared_cache_dir)
     assert first["op_by_op"] >= 4 and first["op_compilations"] >= 4
     assert first["op_disk_loads"] == 0
     assert second["op_compilations"] == 0
