@@ -38,7 +38,7 @@ from . import disk_budget
 
 try:
     from jax._src.lax.linalg import initialize_lapack as _initialize_lapack
-except ImportError:  # another JAX: it binds LAPACK some other way
+except ImportError:  # a JAX without this hook: nothing to bind before a load
     _initialize_lapack = None
 
 _MAGIC = b"TNXC1\n"

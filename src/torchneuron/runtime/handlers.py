@@ -102,7 +102,6 @@ def _to_copy_strides(t: torch.Tensor, dtype: torch.dtype, memory_format) -> tupl
     return stride
 
 
-
 def _host_to_new_neuron(t: torch.Tensor, dtype: torch.dtype, stride: tuple[int, ...]):
     """A CPU tensor as a new neuron tensor of `dtype` and (dense) `stride`: laid out in memory
     order on the host, so that the device compiles nothing for a new shape."""
@@ -130,10 +129,10 @@ def to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
                                  LOWERINGS[aten._to_copy.default], (t,), kwargs)
     stride = _to_copy_strides(t, dtype, memory_format)
     if target.type == NEURON:
-        if t.device.type == NEURON:
-            value = transfer.cast_broadcast(transfer.logical_array(t), dtype, t.shape)
-        else:
+        if t.device.type != NEURON:
             return _host_to_new_neuron(t, dtype, stride)
+        # another neuron device, or another layout
+        value = transfer.cast_broadcast(transfer.logical_array(t), dtype, t.shape)
         return storage.new_tensor(tuple(t.shape), dtype, stride, transfer.memory_order_jit(value, stride))
     if t.device.type == NEURON:
         out = torch.empty_strided(t.shape, stride, dtype=dtype, device=target)
