@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -46,3 +48,32 @@ def test_out_view_is_filled_as_on_cpu(fill, view):
     assert base.untyped_storage().nbytes() == expected_base.untyped_storage().nbytes()
     torch.testing.assert_close(base.cpu(), expected_base)
     assert not torchneuron.op_counts()["fallback"]
+
+
+@pytest.mark.parametrize("out_shape", [(1, 49), (0,), (5, 10)], ids=["resized", "empty", "same_count"])
+def test_arange_out_warns_as_cpu_when_it_resizes(out_shape):
+    # A float step that rounds to one element more than the out= tensor holds: CPU warns
+    # that it resizes (49 -> 50); an empty out= or one of the right count gets no warning.
+    warned = {}
+    for device in ("cpu", DEV):
+        out = torch.zeros(out_shape, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.arange(-1, 1, 2.0 / 49, dtype=torch.float32, out=out)
+        warned[device] = [str(w.message).split(" (Triggered internally")[0] for w in caught
+                          if "out tensor will be resized" in str(w.message)]
+        assert out.shape == (torch.Size([50]) if out_shape != (5, 10) else torch.Size(out_shape))
+    assert warned[DEV] == warned["cpu"]
+
+
+@pytest.mark.parametrize("factory", [torch.linspace, torch.logspace])
+def test_complex_bounds_with_a_real_dtype_raise_cpus_error(factory):
+    # PyTorch's meta kernel words this check apart from CPU's kernel ("linspace():" against
+    # "torch.linspace():"); the device raises CPU's error, which PyTorch's own tests match.
+    messages = []
+    for device in ("cpu", DEV):
+        with pytest.raises(RuntimeError) as caught:
+            factory(0, 1j, 5, device=device, dtype=torch.float32)
+        messages.append(str(caught.value))
+    assert messages[1] == messages[0]
+    assert messages[0].startswith(f"torch.{factory.__name__}(): inferred dtype")

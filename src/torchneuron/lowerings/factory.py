@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax.numpy as jnp
 import torch
 from torch._prims_common import corresponding_complex_dtype
@@ -181,13 +183,20 @@ def arange_end_out(end, *, out):
 @decomposes(aten.arange.start_out)
 def arange_out(start, end, step=1, *, out):
     start, end, step = _scalar(start), _scalar(end), _scalar(step)
+    count = _arange_length(start, end, step)
+    if out.numel() not in (0, count):
+        # As CPU warns: a float step often gives one element more or less than expected.
+        warnings.warn(f"The number of elements in the out tensor of shape {list(out.shape)} is "
+                      f"{out.numel()} which does not match the computed number of elements "
+                      f"{count}. Note that this may occur as a result of rounding error. The "
+                      f"out tensor will be resized to a tensor of shape ({count},).",
+                      UserWarning, stacklevel=2)
     floating = out.dtype.is_floating_point or out.dtype.is_complex
     if floating or all(isinstance(v, int | bool) for v in (start, end, step)):
         # The lowering's own formula, start + i * step in int64/float64 then cast, with only
         # the length static: `torch.arange(n, n + 1)` at every step of a generate() loop is
         # one program (start and step are traced), not one per start.
         wide = torch.float64 if floating else torch.int64
-        count = _arange_length(start, end, step)
         index = aten.arange.start_step(0, count, 1, dtype=wide, device=out.device)
         values = (index * step + start).to(out.dtype)
     else:  # an integer result of fractional bounds: the lowering itself

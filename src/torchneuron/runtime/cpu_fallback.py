@@ -167,8 +167,8 @@ def _run_replica(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
-    """Raise the exception CPU raises for this call; `err` itself if CPU agrees on its type or
-    does not raise. PyTorch's meta kernels and JAX's shape checks raise other types than CPU's
+    """Raise the exception CPU raises for this call; `err` itself if CPU agrees on its type (and
+    `err` is not one of PyTorch's Python-side checks) or does not raise. PyTorch's meta kernels and JAX's shape checks raise other types than CPU's
     kernels for the same bad call (AssertionError, IndexError, TypeError for CPU's
     RuntimeError, ...); on this error path the call is re-run on CPU copies of its inputs."""
     try:
@@ -180,9 +180,22 @@ def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     try:
         _run_replica(op, *replica)
     except Exception as cpu_err:
-        if type(cpu_err) is not type(err):
+        if type(cpu_err) is not type(err) or _raised_by_torch_python(err):
             raise cpu_err from err
     raise err
+
+
+def _raised_by_torch_python(err: Exception) -> bool:
+    """Whether `err` comes from PyTorch's Python-side checks (meta kernels, refs): their
+    messages are worded apart from CPU's kernels' (`linspace():` for `torch.linspace():`),
+    and CPU's are what users and PyTorch's tests match."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    return "/torch/" in name and "/torchneuron/" not in name
 
 
 # ----------------------------------------------------------------------------------------
