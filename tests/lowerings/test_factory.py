@@ -77,3 +77,15 @@ def test_complex_bounds_with_a_real_dtype_raise_cpus_error(factory):
         messages.append(str(caught.value))
     assert messages[1] == messages[0]
     assert messages[0].startswith(f"torch.{factory.__name__}(): inferred dtype")
+
+
+@pytest.mark.parametrize("bounds", [
+    (-5, float("nan")), (0, float("-inf"), -1), (float("inf"),), (0, 5, -1), (0, 5, 0),
+    (1.175494351e-38, 3.402823466e+38),
+], ids=["nan_end", "minus_inf_end", "inf_end", "wrong_step_sign", "zero_step", "overflow"])
+def test_arange_refuses_the_ranges_cpu_refuses(bounds):
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch.arange(*bounds)
+    with pytest.raises(RuntimeError) as on_device:
+        torch.arange(*bounds, device=DEV)
+    assert str(on_device.value) == str(on_cpu.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import jax.numpy as jnp
@@ -55,11 +56,20 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
 
 
 def _arange_length(start, end, step) -> int:
-    import math
-
+    """The number of elements of arange(start, end, step), refusing what CPU refuses."""
     if step == 0:
         raise RuntimeError("step must be nonzero")
-    return max(0, math.ceil((end - start) / step))
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"unsupported range: {start:g} -> {end:g}")
+    if (step > 0 and end < start) or (step < 0 and end > start):
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
+    size = math.ceil((end - start) / step)
+    if size > _INT64_MAX:
+        raise RuntimeError("invalid size, possible overflow?")
+    return size
+
+
+_INT64_MAX = 2**63 - 1
 
 
 @lowers(aten.linspace.default, static=("start", "end", "steps"))
