@@ -168,9 +168,10 @@ def _run_replica(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     """Raise the exception CPU raises for this call; `err` itself if CPU agrees on its type (and
-    `err` is not one of PyTorch's Python-side checks) or does not raise. PyTorch's meta kernels and JAX's shape checks raise other types than CPU's
-    kernels for the same bad call (AssertionError, IndexError, TypeError for CPU's
-    RuntimeError, ...); on this error path the call is re-run on CPU copies of its inputs."""
+    `err` is not one of PyTorch's Python-side checks) or does not raise. PyTorch's meta
+    kernels and JAX's shape checks raise other types than CPU's kernels for the same bad call
+    (AssertionError, IndexError, TypeError for CPU's RuntimeError, ...); on this error path
+    the call is re-run on CPU copies of its inputs."""
     try:
         replica = cpu_replica(args, kwargs)
     except Exception:  # noqa: BLE001  (inputs CPU cannot hold)
