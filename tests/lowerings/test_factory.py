@@ -50,7 +50,8 @@ def test_out_view_is_filled_as_on_cpu(fill, view):
     assert not torchneuron.op_counts()["fallback"]
 
 
-@pytest.mark.parametrize("out_shape", [(1, 49), (0,), (5, 10)], ids=["resized", "empty", "same_count"])
+@pytest.mark.parametrize("out_shape", [(1, 49), (0,), (5, 10)],
+                         ids=["resized", "empty", "same_count"])
 def test_arange_out_warns_as_cpu_when_it_resizes(out_shape):
     # A float step that rounds to one element more than the out= tensor holds: CPU warns
     # that it resizes (49 -> 50); an empty out= or one of the right count gets no warning.

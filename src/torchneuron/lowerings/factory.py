@@ -55,6 +55,9 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     return (start + jnp.arange(count, dtype=wide) * step).astype(jdtype)
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _arange_length(start, end, step) -> int:
     """The number of elements of arange(start, end, step), refusing what CPU refuses."""
     if step == 0:
@@ -67,9 +70,6 @@ def _arange_length(start, end, step) -> int:
     if size > _INT64_MAX:
         raise RuntimeError("invalid size, possible overflow?")
     return size
-
-
-_INT64_MAX = 2**63 - 1
 
 
 @lowers(aten.linspace.default, static=("start", "end", "steps"))
