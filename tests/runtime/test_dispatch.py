@@ -128,3 +128,24 @@ def test_shape_mismatch_error_is_pytorchs():
         torch.ones(3, device=DEV) + torch.ones(4, device=DEV)
     with pytest.raises(RuntimeError):
         torch.mm(torch.ones(2, 3, device=DEV), torch.ones(2, 3, device=DEV))
+
+
+@pytest.mark.parametrize("view", ["sliced", "restrided", "unsqueezed"])
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_fallback_input_keeps_its_layout_order(view, mode):
+    # uint8 upsampling runs CPU's kernel. CPU lays its result out as its input (channels_last
+    # stays channels_last, even through a slice), and its bicubic kernel asserts when the
+    # input and the out= tensor (laid out from the real input) disagree.
+    results = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        image = torch.randint(0, 256, (1 if view == "unsqueezed" else 2, 3, 20, 20),
+                              dtype=torch.uint8).to(device)
+        image = image.contiguous(memory_format=torch.channels_last)
+        x = {"sliced": lambda t: t[:, :, 1:-1, 1:-1], "restrided": lambda t: t[:, :, ::2, ::2],
+             "unsqueezed": lambda t: t[0][None]}[view](image)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fallback's own warning
+            results[device] = torch.nn.functional.interpolate(x, size=(6, 6), mode=mode)
+    assert results["neuron"].stride() == results["cpu"].stride()
+    assert torch.equal(results["neuron"].cpu(), results["cpu"])

@@ -49,16 +49,17 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     def convert(value):
         if isinstance(value, torch.Tensor) and value.device.type == NEURON:
             cpu = transfer.neuron_to_cpu(value)
-            stride = transfer.dense_stride(value)
+            stride = transfer.preserved_stride(value)
             if id(value) in written:
                 # A tensor the kernel writes: give it a storage of its own (resizable, unlike
                 # one borrowed from numpy) and the neuron tensor's layout, which out= kernels
                 # keep or restride (linalg kernels want column-major outputs).
                 cpu = torch.empty_strided(value.shape, stride, dtype=value.dtype).copy_(cpu)
             elif value.dim() > 1 and stride != storage.contiguous_strides(value.shape):
-                # An input in another dense layout (channels_last, column-major): CPU kernels
-                # choose their result's layout from their inputs' (upsampling keeps
-                # channels_last), so the CPU copy keeps it too.
+                # An input in another layout (channels_last, column-major, a slice of either):
+                # CPU kernels choose their result's layout from their inputs' (upsampling
+                # keeps channels_last, and its uint8 kernel wants input and out= alike), so
+                # the CPU copy keeps the order of the strides.
                 cpu = torch.empty_strided(value.shape, stride, dtype=value.dtype).copy_(cpu)
             originals[id(cpu)] = value
             return cpu

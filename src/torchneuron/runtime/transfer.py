@@ -116,6 +116,16 @@ def dense_stride(t: torch.Tensor) -> tuple[int, ...]:
     return stride
 
 
+def preserved_stride(t: torch.Tensor) -> tuple[int, ...]:
+    """`t`'s strides when they describe a dense layout, else dense strides in the order of
+    `t`'s (a sliced channels_last image stays channels_last), as `empty_like` chooses them."""
+    stride = tuple(t.stride())
+    if strided.dense_permutation(tuple(t.shape), stride) is not None:
+        return stride
+    meta = torch.empty_strided(t.shape, stride, dtype=t.dtype, device="meta")
+    return tuple(torch.empty_like(meta, memory_format=torch.preserve_format).stride())
+
+
 def cpu_to_new_neuron_like(t: torch.Tensor) -> torch.Tensor:
     """A new neuron tensor with the value and the layout of CPU tensor `t`: a CPU kernel's
     column-major result (linalg) stays column-major, a non-dense one keeps its view."""
