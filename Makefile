@@ -99,9 +99,13 @@ conformance: $(STAMP)
 # per file and device; writes the upstream section of docs/COVERAGE.md. Hours on 2 cores:
 # pass e.g. UPSTREAM_ARGS='--files test_indexing' or '--sample test_unary_ufuncs=50'.
 .PHONY: upstream-tests upstream-selftest
-upstream-tests: $(STAMP)
+upstream-tests: $(VENV)/.upstream-installed
 	@test -n "$(PYTORCH_TESTS)" || { echo "usage: make upstream-tests PYTORCH_TESTS=/path/to/pytorch/test" >&2; exit 2; }
 	$(BIN)/python tests/upstream/run.py run --pytorch-tests "$(PYTORCH_TESTS)" --jobs 2 --write $(UPSTREAM_ARGS)
+
+$(VENV)/.upstream-installed: $(STAMP)
+	$(BIN)/python -m pip install -e '.[test,upstream]'
+	touch $@
 
 # The runner itself, end to end on a small test file of its own (about a minute).
 upstream-selftest: $(STAMP)

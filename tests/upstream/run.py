@@ -339,10 +339,14 @@ def cmd_report(args) -> int:
         print(f"{kind}: {rec['key']}: {results.cause(rec)}")
     for e in stale:
         print(f"expected failure no longer fails: {e['file']}::{e['test']}")
+    uncollected = sorted({(s.file, err.strip().splitlines()[-1].removeprefix("E").strip())
+                          for s in summaries for err in s.collect_errors if err.strip()})
+    for file, last_line in uncollected:  # a file that did not import ran no test at all
+        print(f"COLLECTION ERROR: {file}: {last_line}")
     if args.write:
         results.write_section(COVERAGE, section)
         print(f"wrote {COVERAGE.relative_to(REPO)}; failure details in {out / 'failures.json'}")
-    return 1 if new else 0
+    return 1 if new or uncollected else 0
 
 
 def main() -> int:
