@@ -81,3 +81,27 @@ def _empty(shape, dtype, device):
 )
 def test_out_of_a_dtype_cpu_refuses(fn, message: str) -> None:
     _raises_like_cpu(fn, message)
+
+
+def _halves(dtype, other, device):
+    return torch.ones(2, dtype=dtype, device=device), torch.ones(2, dtype=other, device=device)
+
+
+@pytest.mark.parametrize("op", [torch.complex, torch.polar], ids=["complex", "polar"])
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (lambda op, d: op(*_halves(torch.float32, torch.float64, d)),
+         "Expected object of scalar type Float but got scalar type Double for second argument"),
+        (lambda op, d: op(*_halves(torch.float32, torch.float32, d),
+                          out=_empty(2, torch.float32, d)),
+         "Expected object of scalar type ComplexFloat but got scalar type Float for argument 'out'"),
+        (lambda op, d: op(*_halves(torch.int64, torch.int64, d)),
+         "Expected both inputs to be Half, Float or Double tensors but got Long and Long"),
+    ],
+    ids=["mixed_inputs", "real_out", "integer_inputs"],
+)
+def test_decomposed_op_raises_cpus_check(op, fn, message: str) -> None:
+    # Both run PyTorch's Python refs on the device, whose checks are worded apart from CPU's
+    # kernels' (and polar's check its out= dtype before its inputs').
+    _raises_like_cpu(lambda d: fn(op, d), message)

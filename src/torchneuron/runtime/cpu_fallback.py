@@ -182,12 +182,12 @@ def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     try:
         _run_replica(op, *replica)
     except Exception as cpu_err:
-        if type(cpu_err) is not type(err) or _raised_by_torch_python(err):
+        if type(cpu_err) is not type(err) or raised_by_torch_python(err):
             raise cpu_err from err
     raise err
 
 
-def _raised_by_torch_python(err: Exception) -> bool:
+def raised_by_torch_python(err: Exception) -> bool:
     """Whether `err` comes from PyTorch's Python-side checks (meta kernels, refs): their
     messages are worded apart from CPU's kernels' (`linspace():` for `torch.linspace():`),
     and CPU's are what users and PyTorch's tests match."""

@@ -22,7 +22,7 @@ import torch
 from ..lowerings import LOWERINGS
 from ..lowerings.registry import DECOMPOSITIONS
 from . import _native, fastpath, fusion, handlers, profiler, storage  # noqa: F401  (handlers register on import)
-from .cpu_fallback import check_write_overlap, run_on_cpu
+from .cpu_fallback import check_write_overlap, raise_as_on_cpu, raised_by_torch_python, run_on_cpu
 from .eager import decomposing, run_decomposition, run_lowered, run_out_variant
 from .plan import _PLANS, COUNTS, HANDLERS, NEURON, OpPlan, Route, inplace_overload, plan_for
 from .signature import device_mismatch
@@ -100,9 +100,17 @@ def _run_native(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
 
 
 def _run_decomposed(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
-    if plan.decomposition is not None and plan.op not in decomposing:
-        return run_decomposition(plan, args, kwargs)
-    return run_out_variant(plan, plan.out_functional, args, kwargs)
+    try:
+        if plan.decomposition is not None and plan.op not in decomposing:
+            return run_decomposition(plan, args, kwargs)
+        return run_out_variant(plan, plan.out_functional, args, kwargs)
+    except Exception as err:
+        # PyTorch's refs word their checks apart from CPU's kernels (`torch.float32` for
+        # `Float`), or check in another order (polar's out= dtype before its inputs'):
+        # raise what CPU raises for the call.
+        if not raised_by_torch_python(err):
+            raise
+        raise_as_on_cpu(plan.op, args, kwargs, err)
 
 
 _RUNNERS: dict[Route, Callable[[OpPlan, tuple, dict], Any]] = {
