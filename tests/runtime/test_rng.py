@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,19 @@ def test_random_bounds_cpu_refuses_are_refused(dtype, bounds):
         torch.empty(4, dtype=dtype).random_(*bounds)
     with pytest.raises(RuntimeError, match=str(cpu.value).split(" for ")[0].split(",")[0]):
         torch.empty(4, dtype=dtype, device=N).random_(*bounds)
+
+
+def test_random_beyond_a_floats_integers_warns_at_every_call():
+    # CPU warns at every call; the warning came while the lowering was traced, so a call that
+    # reused the executable was silent (test_tensor_creation_ops test_random_from_to).
+    t = torch.empty(8, device=N)
+    for _ in range(3):
+        with pytest.warns(UserWarning, match=r"from is out of bounds \[-\(2\^24\), 2\^24\]"):
+            t.random_(-2**30, 42)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t.random_(0, 42)  # within range: no warning
+        t.random_(0, 42)
 
 
 def test_torch_manual_seed_reaches_the_device_and_initial_seed_reports_it():

@@ -59,6 +59,8 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             # Building may have run the recorded trace (CPU's check of an out= dtype reads the
             # arguments): read the inputs again, from the values that trace stored.
             key, inputs = signature.arguments_key(plan, values)
+    elif ex.warnings:
+        executable.repeat_warnings(ex)
     if ex.writes:
         inputs += executable.write_inputs(ex, values)
     if lowering.rng:
@@ -84,7 +86,8 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             *results, bad = results
             if bool(bad):
                 raise index_exception(ex.index_error)
-    executable._LAST[0] = (plan, ex) if plan.reusable(values) else None
+    # The C++ fast path would call it without its warnings.
+    executable._LAST[0] = (plan, ex) if plan.reusable(values) and not ex.warnings else None
     num_fresh = len(results) - len(ex.writes)
     outputs, new_buffers = results[:num_fresh], results[num_fresh:]
     for (slot, (dtype, _spec)), buf in zip(ex.writes, new_buffers):

@@ -36,7 +36,8 @@ class Executable:
     the new buffers of the written arguments (None: left alone), and the index check's flag
     when the lowering has one."""
 
-    __slots__ = ("fn", "fresh_meta", "writes", "index_error", "num_inputs", "none_results")
+    __slots__ = ("fn", "fresh_meta", "writes", "index_error", "num_inputs", "none_results",
+                 "warnings")
 
     def __init__(self, fn: Callable, fresh_meta: list | None, writes: list, index_error,
                  num_inputs: int) -> None:
@@ -51,6 +52,9 @@ class Executable:
         # Per result of `fn`: whether it is always None (an output the op's mask leaves out, a
         # written argument left alone); None when unknown (then calls cannot be recorded).
         self.none_results: tuple[bool, ...] | None = None
+        # The warnings its lowering gave while traced, given again at every call that reuses
+        # it (CPU warns at every call: random_ past a float's exact integers, ...).
+        self.warnings: tuple[warnings.WarningMessage, ...] = ()
 
 
 class ResizeOutputs(Exception):
@@ -275,12 +279,17 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             results = jax.eval_shape(compiled, *avals)
-        for w in caught:  # a lowering's own warning comes while it is traced: pass it on
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        ex.warnings = tuple(caught)
+        repeat_warnings(ex)  # a lowering's own warning comes while it is traced: pass it on
         ex.none_results = tuple(r is None for r in results)
         if name is not None and not caught:  # one that warns is traced in every process
             disk_cache.learn_results(name, ex.none_results)
     return ex
+
+
+def repeat_warnings(ex: Executable) -> None:
+    for w in ex.warnings:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def write_inputs(ex: Executable, values: list) -> list:
