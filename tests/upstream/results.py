@@ -375,18 +375,18 @@ def new_failures(summaries: list[FileSummary], manifest: Manifest) -> list[tuple
 
 
 def stale_entries(summaries: list[FileSummary], runs, manifest: Manifest) -> list[dict]:
-    """Manifest entries that match no neuron failure among the tests that ran."""
+    """Manifest entries that match tests that ran on neuron, but no failure among them (an
+    entry none of whose tests ran, in a run with -k or a sample, is not judged)."""
     failing = {(s.file, r["key"].split("::", 1)[1]) for s in summaries
                for r in s.neuron_failed_cpu_passed}
-    ran_files = {f for f, d in runs if d == "neuron"}
-    stale = []
-    for e in manifest.entries:
-        if e["file"] not in ran_files:
-            continue
-        if not any(f == e["file"] and (t == e["test"] or fnmatch.fnmatchcase(t, e["test"]))
-                   for f, t in failing):
-            stale.append(e)
-    return stale
+    ran = {(f, key.split("::", 1)[1]) for (f, d), run in runs.items() if d == "neuron"
+           for key in run.tests}
+
+    def matches(e: dict, tests: set) -> bool:
+        return any(f == e["file"] and (t == e["test"] or fnmatch.fnmatchcase(t, e["test"]))
+                   for f, t in tests)
+
+    return [e for e in manifest.entries if matches(e, ran) and not matches(e, failing)]
 
 
 # ------------------------------------------------------------------------------------------

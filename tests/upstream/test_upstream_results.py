@@ -172,6 +172,8 @@ def test_manifest_expected_new_and_stale(records, tmp_path):
          "reason": "passes now"},
         {"file": "test_b.py", "test": "T::test_other_<dev>", "kind": "unsupported",
          "reason": "file not run: not stale"},
+        {"file": "test_a.py", "test": "T::test_not_selected_<dev>", "kind": "unsupported",
+         "reason": "file run, this test not (a -k run): not stale"},
     ]))
     manifest = results.Manifest.read(path)
     new = sorted(r["key"] for _, r in results.new_failures(summaries, manifest))
