@@ -217,8 +217,9 @@ def test_random_range_errors_and_warnings_match_cpu(dtype, args):
         cpu = ("RuntimeError: random_ over the full 64-bit range handles only int64, double, "
                "float and bfloat16", cpu[1])
     assert run(DEV) == cpu
-    # Errors come on every call; the precision warnings only when the executable is built.
-    assert run(DEV) == (cpu[0], cpu[1] if cpu[0] != "ok" else [])
+    # Errors and the precision warnings come on every call, as on CPU (also when the
+    # executable is reused).
+    assert run(DEV) == cpu
 
 
 @pytest.mark.parametrize("dtype, bounds", [
@@ -331,3 +332,27 @@ def test_addmm_gelu_is_the_exact_gelu(dtype):
     expected = torch._addmm_activation(bias, m1, m2, use_gelu=True)
     out = torch._addmm_activation(bias.to(DEV), m1.to(DEV), m2.to(DEV), use_gelu=True)
     torch.testing.assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool, torch.uint8])
+@pytest.mark.parametrize("dims, mode", [
+    (1, "linear"), (1, "nearest"), (1, "nearest-exact"), (2, "bilinear"), (2, "bicubic"),
+    (2, "nearest"), (2, "nearest-exact"), (3, "trilinear"), (3, "nearest"),
+])
+def test_interpolate_refuses_the_dtypes_cpu_refuses(dtype, dims, mode):
+    # test_nn test_upsamplingBiMode2d_nonsupported_dtypes: PyTorch's decompositions and the
+    # lowerings computed integer images CPU's kernels are not dispatched over.
+    outcomes = []
+    for device in ("cpu", DEV):
+        x = torch.ones(1, 2, *([6] * dims), dtype=dtype, device=device)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the CPU-kernel route's own warning
+                out = torch.nn.functional.interpolate(x, size=[3] * dims, mode=mode)
+            outcomes.append(out.cpu())
+        except NotImplementedError as err:
+            outcomes.append(str(err))
+    if isinstance(outcomes[0], str):
+        assert outcomes[1] == outcomes[0]
+    else:
+        torch.testing.assert_close(outcomes[1], outcomes[0])
