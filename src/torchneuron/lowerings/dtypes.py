@@ -44,7 +44,8 @@ _SCALAR_TYPE_NAMES = {
     torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
     torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
     torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble",
+    torch.complex128: "ComplexDouble", torch.uint16: "UInt16", torch.uint32: "UInt32",
+    torch.uint64: "UInt64",
 }
 
 
@@ -53,6 +54,11 @@ def scalar_type_name(dtype) -> str:
     if not isinstance(dtype, torch.dtype):
         dtype = to_torch_dtype(dtype)
     return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def not_implemented_for(kernel: str, dtype) -> NotImplementedError:
+    """CPU's error for a kernel that is not dispatched over `dtype`."""
+    return NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(dtype)}\'')
 
 
 def default_float() -> np.dtype:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .dtypes import to_jax_dtype
+from .dtypes import not_implemented_for, to_jax_dtype
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -23,18 +23,13 @@ _SCALAR_TYPE_NAMES = {"float16": "Half", "bfloat16": "BFloat16", "float32": "Flo
                       "float64": "Double"}
 
 
-_C10_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
-              "int64": "Long", "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64"}
-
-
 def _real_draws(x, what: str):
     """(dtype of the draws, their shape): a complex tensor draws its real and imaginary parts
     (CPU fills view_as_real(x)); CPU's kernels refuse integer and bool tensors."""
     if jnp.iscomplexobj(x):
         return jnp.finfo(x.dtype).dtype, x.shape + (2,)
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        name = _C10_NAMES.get(jnp.dtype(x.dtype).name, str(x.dtype))
-        raise NotImplementedError(f'"{what}" not implemented for \'{name}\'')
+        raise not_implemented_for(what, x.dtype)
     return x.dtype, x.shape
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from .dtypes import not_implemented_for
 from .registry import cpu_kernel_unless, lowers, upcast_half
 
 aten = torch.ops.aten
@@ -81,7 +82,25 @@ def _nearest_mats(in_sizes, out_sizes, scales):
     return [_nearest_matrix(i, o, s) for i, o, s in zip(in_sizes, out_sizes, scales, strict=True)]
 
 
+# CPU's upsampling kernels are dispatched over the floating types (and, for nearest and
+# for bilinear and bicubic on 4-d images, uint8); other integer and bool images are refused.
+def _floating(a: dict) -> bool:
+    return a["self"].dtype.is_floating_point
+
+
+def _floating_or_uint8(a: dict) -> bool:
+    return a["self"].dtype.is_floating_point or a["self"].dtype == torch.uint8
+
+
+def _refuse_integers(x, kernel: str, uint8_too: bool = True) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating) and (uint8_too or x.dtype != jnp.uint8):
+        raise not_implemented_for(kernel, x.dtype)
+
+
 def _upsample_nearest(x, output_size, scales):
+    kernel = "upsample_nearest2d_channels_last" if len(output_size) == 2 else \
+        "compute_indices_weights_nearest"
+    _refuse_integers(x, kernel, uint8_too=False)
     mats = _nearest_mats(x.shape[-len(output_size):], output_size, scales)
     return _apply_axis_matrices(upcast_half(x), mats)
 
@@ -139,14 +158,21 @@ def _not_uint8(a: dict) -> bool:
 # the float interpolation does not reproduce; those calls run on CPU.
 @lowers(aten.upsample_bilinear2d.default, static=("scales_h", "scales_w"), only_when=_not_uint8)
 def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    _refuse_integers(self, "upsample_bilinear2d_channels_last")
     mats = _linear_mats(self.shape[-2:], list(output_size), align_corners,
                         [scales_h, scales_w], _ftype(self))
     return _apply_axis_matrices(upcast_half(self), mats)
 
 
 # uint8 bicubic: CPU's fixed-point kernel (its decomposition's uint8 branch fails on a
-# Python-int shift), as for bilinear above.
-cpu_kernel_unless(_not_uint8, aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.out)
+# Python-int shift), as for bilinear above. PyTorch's decompositions of these compute any
+# dtype: the calls CPU refuses go to CPU's kernel, which raises.
+cpu_kernel_unless(_floating, aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.out,
+                  aten.upsample_linear1d.default, aten.upsample_linear1d.out,
+                  aten.upsample_trilinear3d.default, aten.upsample_trilinear3d.out)
+cpu_kernel_unless(_floating_or_uint8, *(getattr(aten, f"_upsample_nearest_exact{n}d").default
+                                        for n in (1, 2, 3)),
+                  *(getattr(aten, f"_upsample_nearest_exact{n}d").out for n in (1, 2, 3)))
 
 
 @lowers(aten.upsample_bilinear2d_backward.default, static=("scales_h", "scales_w"))

@@ -19,6 +19,7 @@ import jax.scipy.special as jss
 import torch
 from jax import lax
 
+from .dtypes import not_implemented_for
 from .registry import Promotion, lowers
 
 aten = torch.ops.aten
@@ -673,16 +674,12 @@ def special_zeta(self, other):
 # ---- incomplete gamma, erfcx, log_ndtr, ndtri, frexp ---------------------------------------------
 
 
-_TORCH_NAMES = {jnp.dtype(jnp.bool_): "Bool", jnp.dtype(jnp.uint8): "Byte", jnp.dtype(jnp.int8): "Char",
-                jnp.dtype(jnp.int16): "Short", jnp.dtype(jnp.int32): "Int", jnp.dtype(jnp.int64): "Long"}
-
-
 def _floating_only(name: str, *args) -> None:
     # CPU's kernel is dispatched over floating types only (no integer-to-float promotion).
     for v in args:
         dt = jnp.dtype(getattr(v, "dtype", jnp.float32))
-        if dt in _TORCH_NAMES:
-            raise NotImplementedError(f'"{name}_cpu" not implemented for \'{_TORCH_NAMES[dt]}\'')
+        if jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_:
+            raise not_implemented_for(f"{name}_cpu", dt)
 
 
 def _igamma_edges(a: jax.Array, x: jax.Array, r: jax.Array, lower: bool) -> jax.Array:
