@@ -356,3 +356,40 @@ def test_interpolate_refuses_the_dtypes_cpu_refuses(dtype, dims, mode):
         assert outcomes[1] == outcomes[0]
     else:
         torch.testing.assert_close(outcomes[1], outcomes[0])
+
+
+@pytest.mark.parametrize("dtype, n", [
+    (torch.int8, 129), (torch.uint8, 257), (torch.int16, 32769), (torch.float16, 2050),
+    (torch.int8, 128), (torch.float16, 2049), (torch.bfloat16, 3000)])
+@pytest.mark.parametrize("with_out", [False, True], ids=["dtype", "out"])
+def test_randperm_refuses_a_dtype_too_narrow_for_n(dtype, n, with_out):
+    # SILENT WRONG VALUES before: randperm(200, dtype=torch.int8) wrapped around
+    # (test_tensor_creation_ops test_randperm); CPU refuses it.
+    def run(device):
+        def call():
+            if with_out:
+                out = torch.empty(0, dtype=dtype, device=device)
+                torch.randperm(n, out=out)
+                return out
+            return torch.randperm(n, dtype=dtype, device=device)
+        return _outcome(lambda: sorted(call().cpu().tolist()) == list(range(n)) or 1 / 0)
+
+    assert run(DEV) == run("cpu")
+
+
+@pytest.mark.parametrize("dtype, n", [(torch.float32, 2**24 + 2), (torch.float64, 2**53 + 2)])
+def test_randperm_refuses_more_values_than_a_float_holds(dtype, n):
+    # Checked before anything is allocated, on CPU as here (test_randperm's large_n cases).
+    def run(device):
+        return _outcome(lambda: torch.randperm(n, out=torch.empty(0, dtype=dtype, device=device)))
+
+    assert run(DEV) == run("cpu")
+
+
+def test_randperm_out_becomes_one_dimensional_as_on_cpu():
+    # CPU's kernel resizes out to (n,) whatever its shape (test_randperm's non-contiguous out).
+    for device in ("cpu", DEV):
+        out = torch.zeros((2, 3), dtype=torch.long, device=device).t()
+        torch.randperm(6, out=out)
+        assert out.shape == (6,) and out.stride() == (1,)
+        assert sorted(out.cpu().tolist()) == list(range(6))

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .dtypes import not_implemented_for, to_jax_dtype
-from .registry import lowers
+from .registry import decomposes, lowers
 
 aten = torch.ops.aten
 
@@ -283,10 +283,35 @@ def random_default(x, *, generator=None, key):
     return _draw(key, x.shape, 0, _max_inclusive(x.dtype) + 1, x.dtype)
 
 
-@lowers(aten.randperm.default, aten.randperm.generator, aten.randperm.out,
-        aten.randperm.generator_out, rng=True, static=("n",))
+@lowers(aten.randperm.default, aten.randperm.generator, rng=True, static=("n",))
 def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
+    _check_randperm_fits(n, dtype)
     return jax.random.permutation(key, n)
+
+
+@decomposes(aten.randperm.out, aten.randperm.generator_out)
+def randperm_out(n, *, generator=None, out):
+    # The permutation in out's dtype, whose range CPU checks first (the lowering sees no out);
+    # CPU's kernel makes `out` 1-D whatever its shape.
+    _check_randperm_fits(n, out.dtype)
+    values = aten.randperm.generator(n, generator=generator, dtype=out.dtype, device=out.device)
+    return out.resize_((n,)).copy_(values)
+
+
+_C_INT_NAMES = {torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t",
+                torch.int32: "int32_t"}
+
+
+def _check_randperm_fits(n: int, dtype: torch.dtype | None) -> None:
+    """CPU's checks that every value 0..n-1 is exact in the result's dtype."""
+    if dtype == torch.float16 and n > 2049:
+        raise RuntimeError("n cannot be greater than 2049 for Half type.")
+    for wide, digits, name in ((torch.float32, 24, "Float"), (torch.float64, 53, "Double")):
+        if dtype == wide and n > 2**digits + 1:
+            raise RuntimeError(f"n cannot be greater than 2^{digits}+1 for {name} type.")
+    if dtype in _C_INT_NAMES and n - 1 > torch.iinfo(dtype).max:
+        raise RuntimeError(f"value cannot be converted to type {_C_INT_NAMES[dtype]} without "
+                           "overflow")
 
 
 @lowers(aten.native_dropout.default, rng=True, static=("train",))
