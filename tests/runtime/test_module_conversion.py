@@ -205,3 +205,24 @@ def test_user_swap_setting_is_left_as_it_was() -> None:
         assert torch.__future__.get_swap_module_params_on_conversion()
     finally:
         torch.__future__.set_swap_module_params_on_conversion(False)
+
+
+def test_conversion_within_the_device_while_a_graph_uses_the_parameters() -> None:
+    # test_nn test_conv_empty_input: conv.to(memory_format=channels_last) after a forward
+    # (its graph still holds the weight) raised "_apply(): Couldn't swap Conv2d.weight"; CPU
+    # assigns param.data, and so can two neuron tensors.
+    model = Tied().to(DEV)
+    weight, calls = model.emb.weight, []
+    weight.register_hook(lambda g: calls.append(g.shape))
+    loss = model(torch.tensor([[1, 2, 3]], device=DEV)).sum()  # a graph that uses weight
+    model.to(torch.float64)
+    assert model.emb.weight is model.head.weight is weight and weight.dtype == torch.float64
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+    model(torch.tensor([[1, 2, 3]], device=DEV)).sum().backward()
+    assert calls and weight.grad.dtype == torch.float64
+    del loss
+    conv = nn.Conv2d(4, 4, 3).to(DEV)
+    conv(torch.randn(0, 4, 8, 8, device=DEV))
+    conv_weight = conv.weight
+    conv.to(memory_format=torch.channels_last)
+    assert conv.weight is conv_weight and conv.weight.is_contiguous(memory_format=torch.channels_last)

@@ -32,6 +32,10 @@ or never did:
   device), which unties them; here a shared buffer is converted once and every module gets
   the same tensor, as before the move.
 
+A conversion within the device (every tensor on neuron already: `.half()`, `.to(dtype)`,
+`.to(memory_format=...)` of a moved model) needs no swap: PyTorch's `param.data = ...` works
+between two neuron tensors, so it runs `_apply` as it is, shared buffers kept shared.
+
 Every other conversion (CPU to CPU, any other device) runs PyTorch's `_apply` unchanged, and
 `load_state_dict` never sees swap mode, so LSTM/GRU load as before. Swap mode's own limits
 apply to neuron conversions: a Parameter that something holds a weak reference to, or that a
@@ -84,16 +88,22 @@ def _convert(original: Callable, root: nn.Module, fn: Callable, recurse: bool) -
     if first is None:
         return original(root, fn, recurse)
     first_tensor, is_param = first
-    on_neuron = any(t.device.type == DEVICE_TYPE for t in _tensors(modules))
+    on_neuron = [t.device.type == DEVICE_TYPE for t in _tensors(modules)]
     # _apply converts parameters under no_grad and buffers without it; so does the probe.
     with torch.no_grad() if is_param else contextlib.nullcontext():
         first_result = fn(first_tensor)
-    if not on_neuron and not (
-        isinstance(first_result, torch.Tensor) and first_result.device.type == DEVICE_TYPE
-    ):
+    to_neuron = isinstance(first_result, torch.Tensor) and first_result.device.type == DEVICE_TYPE
+    if not any(on_neuron) and not to_neuron:
         return original(root, _handing_back(fn, first_tensor, first_result, {}), recurse)
 
     shared_buffers = _shared_buffers(modules)
+    if all(on_neuron) and to_neuron:
+        # Within the device (.to(dtype), .half(), .to(memory_format)): two neuron tensors
+        # have compatible TensorImpls, so _apply's own `param.data = ...` keeps every
+        # Parameter, its hooks and its .grad, also while an autograd graph uses it (where a
+        # swap is refused).
+        return original(root, _handing_back(fn, first_tensor, first_result, shared_buffers),
+                        recurse)
     hooked = [p for p in _unique_parameters(modules) if _has_hooks(p)]
     # Swapping refuses a parameter that something else still references; an autograd graph
     # of an earlier forward that only the cycle collector frees is such a reference (seen
