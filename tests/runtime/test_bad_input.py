@@ -105,3 +105,11 @@ def test_decomposed_op_raises_cpus_check(op, fn, message: str) -> None:
     # Both run PyTorch's Python refs on the device, whose checks are worded apart from CPU's
     # kernels' (and polar's check its out= dtype before its inputs').
     _raises_like_cpu(lambda d: fn(op, d), message)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.empty_strided((2, 3), (3,), device=d),
+    lambda d: torch.ones(3, device=d).new_empty_strided((2, 3), (3,)),
+], ids=["empty_strided", "new_empty_strided"])
+def test_sizes_and_strides_of_different_lengths(fn) -> None:
+    _raises_like_cpu(fn, "dimensionality of sizes (2) must match dimensionality of strides (1)")

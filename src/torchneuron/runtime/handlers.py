@@ -37,6 +37,9 @@ def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = dtype or torch.get_default_dtype()
     _check_sizes(size)
+    if len(size) != len(stride):  # CPU's check, before set_'s own
+        raise RuntimeError(f"dimensionality of sizes ({len(size)}) must match dimensionality of "
+                           f"strides ({len(stride)})")
     return storage.new_tensor(tuple(size), dtype, tuple(stride), device_index=_device_index(device))
 
 
