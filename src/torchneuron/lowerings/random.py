@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .dtypes import not_implemented_for, to_jax_dtype
+from .dtypes import not_implemented_for, scalar_type_name, to_jax_dtype
 from .registry import decomposes, lowers
 
 aten = torch.ops.aten
@@ -17,10 +17,6 @@ aten = torch.ops.aten
 
 def _float_dtype(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
-
-
-_SCALAR_TYPE_NAMES = {"float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
-                      "float64": "Double"}
 
 
 def _real_draws(x, what: str):
@@ -56,7 +52,7 @@ def uniform(x, from_=0.0, to=1.0, *, generator=None, key):
         raise RuntimeError(
             f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     if to - from_ > float(jnp.finfo(part).max):
-        name = _SCALAR_TYPE_NAMES.get(jnp.dtype(part).name, str(part))
+        name = scalar_type_name(part)
         raise RuntimeError(
             f"uniform_ expects to-from <= std::numeric_limits<{name}>::max(), but found "
             f"to={to:g} and from={from_:g} which result in to-from to exceed the limit")
