@@ -92,10 +92,20 @@ def functional_overload(op: OpOverload) -> OpOverload | None:
     packet = getattr(aten, packet_name, None)
     if packet is None:
         return None
-    if packet_name != name:  # in-place: same overload name
-        return getattr(packet, op._overloadname, None)
     wanted = [(a.name, str(a.type)) for a in schema.arguments
               if not (a.kwarg_only and a.alias_info and a.alias_info.is_write)]
+    if packet_name != name:  # in-place: the same overload name, unless its arguments differ
+        same = getattr(packet, op._overloadname, None)
+        if same is None or [(a.name, str(a.type)) for a in same._schema.arguments] == wanted:
+            return same
+        # pow_.Scalar is pow(Tensor, Scalar): pow.Tensor_Scalar, not pow.Scalar(Scalar, Tensor)
+        return _overload_with_arguments(packet, op, wanted, exact=True) or same
+    return _overload_with_arguments(packet, op, wanted)
+
+
+def _overload_with_arguments(packet, op: OpOverload, wanted: list, exact: bool = False):
+    """The overload of `packet` (not `op`, not writing) whose arguments are `wanted`: names
+    and types, else (unless `exact`) names alone."""
     by_name = None
     for overload_name in packet.overloads():
         candidate = getattr(packet, overload_name)
@@ -107,7 +117,7 @@ def functional_overload(op: OpOverload) -> OpOverload | None:
         args = [(a.name, str(a.type)) for a in cand_schema.arguments]
         if args == wanted:  # names and types: clamp.Tensor_out -> clamp.Tensor, not clamp
             return candidate
-        if by_name is None and [n for n, _ in args] == [n for n, _ in wanted]:
+        if not exact and by_name is None and [n for n, _ in args] == [n for n, _ in wanted]:
             by_name = candidate
     return by_name
 
