@@ -393,3 +393,29 @@ def test_randperm_out_becomes_one_dimensional_as_on_cpu():
         torch.randperm(6, out=out)
         assert out.shape == (6,) and out.stride() == (1,)
         assert sorted(out.cpu().tolist()) == list(range(6))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int64])
+@pytest.mark.parametrize("form", ["op", "inplace", "out"])
+def test_integer_tensor_to_a_negative_int_power_is_refused(dtype, form):
+    # SILENT WRONG VALUE before: int_tensor ** -1 gave 0 (test_binary_ufuncs test_pow); the
+    # exponent is traced, so the check runs per call; x.pow_(-1) also mapped to pow.Scalar.
+    def run(device):
+        x = torch.full((3,), 2, dtype=dtype, device=device)
+        calls = {"op": lambda: x ** -2, "inplace": lambda: x.pow_(-1),
+                 "out": lambda: torch.pow(x, -1, out=torch.empty(0, dtype=dtype, device=device))}
+        return _outcome(calls[form])
+
+    assert run(DEV) == run("cpu") == ("RuntimeError: Integers to negative integer powers are "
+                                      "not allowed.", [])
+    x = torch.full((3,), 2, dtype=dtype, device=DEV)
+    assert (x ** 3).cpu().tolist() == [8, 8, 8]  # a non-negative power still computes
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_a_bool_exponent_is_zero_or_one(dtype):
+    # SILENT WRONG VALUE before: int_tensor ** True cast the base to bool and gave 1s.
+    x = torch.tensor([2, 3], dtype=dtype)
+    for exponent in (True, False, torch.tensor([True, False])):
+        on_device = exponent.to(DEV) if isinstance(exponent, torch.Tensor) else exponent
+        torch.testing.assert_close((x.to(DEV) ** on_device).cpu(), x ** exponent)

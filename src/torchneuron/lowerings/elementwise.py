@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import Promotion
+from .registry import Promotion, decomposes
 from .registry import lowers as _register
 
 aten = torch.ops.aten
@@ -271,9 +271,30 @@ def _integer_pow(x, y):
     return result
 
 
-@lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, promote=Promotion.DEFAULT)
+def _not_integer_base(a: dict) -> bool:
+    return a["self"].dtype.is_floating_point or a["self"].dtype.is_complex
+
+
+def _power_allowed(a: dict) -> bool:
+    # CPU refuses an integer (or bool) tensor to a negative Python int power; the exponent is
+    # traced, so this is checked per call (integer bases never take the C++ fast path).
+    exponent = a["exponent"]
+    return _not_integer_base(a) or not (isinstance(exponent, int) and exponent < 0)
+
+
+@decomposes(aten.pow.Tensor_Scalar)
+def pow_refused(self, exponent):
+    """The calls `_power_allowed` turns away."""
+    raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+@lowers(aten.pow.Tensor_Scalar, promote=Promotion.DEFAULT, only_when=_power_allowed,
+        signature_decides=_not_integer_base)
+@lowers(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote=Promotion.DEFAULT)
 def pow_(x, y):
     x = jnp.asarray(x)
+    if jnp.asarray(y).dtype == jnp.bool_:  # a bool exponent is 0 or 1: x or 1, in x's dtype
+        return jnp.where(y, x, jnp.ones_like(x))
     y_integer = isinstance(y, int) or (not isinstance(y, float)
                                        and jnp.issubdtype(jnp.asarray(y).dtype, jnp.integer))
     # Integer semantics only when both are integers: pow.Scalar (`10 ** float_tensor`, as
