@@ -276,6 +276,19 @@ def test_a_storage_never_written_is_filled_inside_the_trace(fused):
     assert filled.cpu().tolist() == [3] * 4
 
 
+def test_an_argument_read_in_another_dtype_after_a_recorded_one(fused):
+    # `b - x.view(torch.int32)`: reading x's float32 storage as int32 runs the trace while
+    # b's recorded value is already among the call's inputs. The second call of the op (its
+    # executable cached) raised "a value of an earlier trace was never computed" before.
+    ones = torch.ones(4, device=DEV)
+    for i in range(3):
+        b = torch.ones(4, dtype=torch.int32, device=DEV) + i
+        x = ones * (2 + i)
+        expected = (torch.ones(4, dtype=torch.int32) + i) - (torch.ones(4) * (2 + i)).view(
+            torch.int32)
+        assert torch.equal((b - x.view(torch.int32)).cpu(), expected)
+
+
 def test_floating_addmm_takes_the_native_path_and_integer_scalars_are_checked():
     native = _native.fastpath()
     b, x, w = (torch.randn(4, 4).to(DEV) for _ in range(3))

@@ -239,11 +239,29 @@ def test_resize_as_memory_format(template, memory_format):
     assert results[1] == results[0]
 
 
-def test_dlpack_import_of_a_neuron_capsule_raises_instead_of_reading_zeros():
-    # A DLPack capsule of a neuron tensor carries its synthetic device address; the tensor
-    # torch.from_dlpack wraps around it has no device data behind it: every read must raise.
-    x = torch.arange(4.0, device=DEV)
-    y = torch.from_dlpack(torch.utils.dlpack.to_dlpack(x))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.bfloat16, torch.complex64])
+def test_dlpack_capsule_of_a_neuron_tensor_aliases_it(dtype):
+    # The tensor torch.from_dlpack/torch.asarray wrap around a neuron capsule is a second
+    # storage at the same synthetic address: it reads the original's values and writes
+    # through either are seen by both, as on CUDA (they read zeros before h6).
+    x = (torch.arange(25, device=DEV) * 3).to(dtype).reshape(5, 5)
+    expected = x.cpu()
+    y = torch.asarray(torch.utils.dlpack.to_dlpack(x), device=DEV)
+    assert y.device == x.device and y.data_ptr() == x.data_ptr()
+    assert torch.equal(y.cpu(), expected)
+    y.add_(1)
+    assert torch.equal(x.cpu(), expected + 1)
+    x.mul_(2)
+    assert torch.equal(y.cpu(), (expected + 1) * 2)
+    z = torch.from_dlpack(torch.utils.dlpack.to_dlpack(x)).to(torch.float64)
+    assert torch.equal(z.cpu(), ((expected + 1) * 2).to(torch.float64))
+
+
+def test_dlpack_capsule_of_an_offset_view_raises_instead_of_reading_wrong_values():
+    # A view starting inside its storage cannot share the storage's payload: refused at the
+    # first read, never a copy that silently stops aliasing.
+    x = torch.arange(10.0, device=DEV)
+    y = torch.from_dlpack(torch.utils.dlpack.to_dlpack(x[2:]))
     for use in (lambda: y.cpu(), lambda: y + 1, lambda: y.add_(1)):
         with pytest.raises(RuntimeError, match="DLPack"):
             use()

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import torch
 
 from ..lowerings.dtypes import to_jax_dtype
-from . import storage, strided
+from . import fusion, storage, strided
 from .plan import GENERATOR, NEURON, OPT_TENSOR_LIST, SCALAR, STATIC, TENSOR, OpPlan
 
 HOST = "host"
@@ -148,6 +148,18 @@ def hashable(value: Any) -> Any:
 
 def arguments_key(plan: OpPlan, values: list) -> tuple[tuple, list]:
     """(key, inputs) of a call's bound values (schema order)."""
+    for _ in range(3):
+        flushes = fusion.STATS.flushes
+        key, inputs = _gather(plan, values)
+        if fusion.STATS.flushes == flushes or not fusion.any_pending(inputs):
+            return key, inputs
+        # Reading an argument ran the recorded trace (a storage read in another dtype than
+        # it holds): the pending values gathered before it are stale; read them again.
+    raise RuntimeError(f"torchneuron: {plan.name}: reading the arguments kept running the "
+                       "recorded trace")
+
+
+def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
     key = []
     inputs: list = []
     for kind, value in zip(plan.kinds, values):

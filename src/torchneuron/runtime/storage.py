@@ -9,6 +9,7 @@ the only module that touches payloads, so a deferred value can later stand in fo
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 
 import jax
@@ -132,16 +133,47 @@ def payload_of(storage) -> Payload:
     payload = getattr(storage, _PAYLOAD_ATTR, None)
     if payload is None:
         if not storage.resizable() and storage.nbytes():
-            # Memory the device never allocated (`torch.from_dlpack` of a neuron tensor's
-            # capsule wraps its synthetic address): there is nothing behind it to read.
-            raise RuntimeError(
-                "torchneuron: this neuron tensor wraps memory the neuron device did not allocate "
-                "(e.g. torch.from_dlpack of a DLPack capsule); neuron tensors cannot be "
-                "exchanged through DLPack: copy them through the CPU (tensor.cpu()) instead")
-        # A storage made by PyTorch's allocator (e.g. `torch.UntypedStorage(n, device="neuron")`).
-        payload = Payload(storage.nbytes(), torch.uint8)
+            payload = _aliased_payload(storage)
+        else:
+            # Made by PyTorch's allocator (e.g. `torch.UntypedStorage(n, device="neuron")`).
+            payload = Payload(storage.nbytes(), torch.uint8)
         setattr(storage, _PAYLOAD_ATTR, payload)
     return payload
+
+
+def _aliased_payload(storage) -> Payload:
+    """The payload behind a storage that wraps a neuron address it did not allocate.
+
+    `torch.from_dlpack`/`torch.asarray` of a neuron tensor's DLPack capsule make a new storage
+    around the tensor's synthetic address; the capsule keeps the original storage alive, so
+    the new storage shares its payload (writes through either are seen by both, as on CUDA).
+    Found by a scan of live storages: this runs once per such storage, never on the hot path.
+    """
+    start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    inside = None
+    for obj in gc.get_objects():
+        if type(obj) is not torch.UntypedStorage or obj is storage or obj.device.type != "neuron":
+            continue
+        payload = getattr(obj, _PAYLOAD_ATTR, None)
+        if payload is None:
+            continue
+        base = obj.data_ptr()
+        if base == start and end <= base + obj.nbytes():
+            return payload
+        if base < start < base + obj.nbytes():
+            inside = obj
+    if inside is not None:
+        # A payload is one flat array from its storage's first byte; a second storage that
+        # starts inside it cannot share it, and a copy would silently stop aliasing.
+        raise RuntimeError(
+            "torchneuron: this neuron tensor wraps memory inside another neuron storage "
+            f"(a DLPack capsule of a view starting {start - inside.data_ptr()} bytes into its "
+            "storage); only tensors that start at their storage's first element can be "
+            "shared through DLPack on the neuron device: call .clone() before to_dlpack")
+    raise RuntimeError(
+        "torchneuron: this neuron tensor wraps memory the neuron device did not allocate "
+        "(e.g. a DLPack capsule of another device's memory); copy the data through the CPU "
+        "(tensor.cpu()) instead")
 
 
 def resize_payload(storage, nbytes: int) -> None:
@@ -236,6 +268,8 @@ def storage_buffer(storage, dtype: torch.dtype, reader: torch.Tensor | None = No
         fusion.track(payload, zeros)
         return zeros
     if fusion.is_pending(buf):
+        if reader is not None and payload.dtype == dtype and fusion.recording():
+            return buf  # a value of the trace being recorded, read by an op recorded into it
         fusion.flush()
         buf = payload.buf
         if fusion.is_pending(buf):
