@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -90,3 +91,35 @@ def test_arange_refuses_the_ranges_cpu_refuses(bounds):
     with pytest.raises(RuntimeError) as on_device:
         torch.arange(*bounds, device=DEV)
     assert str(on_device.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_kaiser_window_equals_cpu(dtype):
+    # PyTorch's composite kernel computes in a DispatchStub that only CPU and CUDA have: it
+    # raised an internal assert on the device. Half and bfloat16 windows are exact, which
+    # needs their positions rounded as CPU rounds them (past 256 for bfloat16).
+    for length, periodic, beta in [(0, True, 3.0), (1, False, 3.0), (2, True, 0.5),
+                                   (5, False, 12.0), (1024, True, 7.0), (2047, False, 29.0)]:
+        expected = torch.kaiser_window(length, periodic, beta, dtype=dtype)
+        actual = torch.kaiser_window(length, periodic, beta, dtype=dtype, device=DEV)
+        if dtype.itemsize == 2:
+            assert torch.equal(actual.cpu(), expected)
+        else:
+            torch.testing.assert_close(actual.cpu(), expected)
+    # the overloads without beta, and without periodic
+    torch.testing.assert_close(torch.kaiser_window(6, device=DEV).cpu(), torch.kaiser_window(6))
+    torch.testing.assert_close(torch.kaiser_window(6, False, device=DEV).cpu(),
+                               torch.kaiser_window(6, False))
+
+
+@pytest.mark.parametrize("bad", [dict(window_length=-1), dict(dtype=torch.int64),
+                                 dict(layout=torch.sparse_coo)], ids=["negative", "int", "sparse"])
+def test_kaiser_window_refuses_what_cpu_refuses(bad):
+    kwargs = dict(window_length=3, periodic=True, beta=2.0) | bad
+    length, periodic, beta = kwargs.pop("window_length"), kwargs.pop("periodic"), kwargs.pop("beta")
+    messages = []
+    for device in ("cpu", DEV):
+        with pytest.raises(RuntimeError) as caught:
+            torch.kaiser_window(length, periodic, beta, device=device, **kwargs)
+        messages.append(re.sub(r"device=neuron(:0)?", "device=cpu", str(caught.value)))
+    assert messages[1] == messages[0]

@@ -6,7 +6,9 @@ import math
 import warnings
 
 import jax.numpy as jnp
+import jax.scipy.special as jss
 import torch
+from jax import lax
 from torch._prims_common import corresponding_complex_dtype
 
 from .dtypes import to_jax_dtype
@@ -115,6 +117,39 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
 @lowers(aten.eye.default, aten.eye.m, static=("n", "m"))
 def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, n if m is None else m, dtype=_dtype(dtype))
+
+
+def _kaiser_window_meta(window_length, periodic=True, beta=12.0, *, dtype=None, layout=None,
+                       device=None, pin_memory=None):
+    # CPU's own argument checks (floating dtype, strided layout, length >= 0) on an empty
+    # window; PyTorch's composite kernel would compute in a DispatchStub that only CPU and
+    # CUDA implement ("DispatchStub: missing kernel for neuron").
+    aten.kaiser_window.beta(min(window_length, 0), periodic, beta, dtype=dtype, layout=layout)
+    return torch.empty(window_length, dtype=dtype or torch.get_default_dtype(), device="meta")
+
+
+# The overloads without beta (12) or periodic (True) call the composite kernel directly.
+@lowers(aten.kaiser_window.default, aten.kaiser_window.periodic, aten.kaiser_window.beta,
+        static=("window_length", "periodic"), meta=_kaiser_window_meta)
+def kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layout=None,
+                  device=None, pin_memory=None):
+    out = _dtype(dtype)
+    if window_length <= 1:
+        return jnp.ones((window_length,), out)
+    n = window_length + 1 if periodic else window_length
+    # As CPU's kernel: positions in the result dtype, the rest in its opmath type.
+    compute = jnp.promote_types(out, jnp.float32)
+    alpha = jnp.asarray((n - 1) / 2.0, compute)
+    beta = jnp.asarray(beta, compute)
+    position = jnp.arange(n, dtype=compute)
+    if jnp.finfo(out).nmant < jnp.finfo(compute).nmant:
+        # Positions rounded to a half/bfloat16 as CPU's are. A cast there and back would not
+        # do it: XLA drops such round trips (excess precision allowed).
+        info = jnp.finfo(out)
+        position = lax.reduce_precision(position, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    ratio = (position - alpha) / alpha
+    window = jss.i0(beta * jnp.sqrt(jnp.abs(1 - ratio * ratio))) / jss.i0(beta)
+    return window[:window_length].astype(out)
 
 
 # ---- allocation and copies inside compiled graphs ------------------------------------------
