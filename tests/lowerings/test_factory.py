@@ -123,3 +123,24 @@ def test_kaiser_window_refuses_what_cpu_refuses(bad):
             torch.kaiser_window(length, periodic, beta, device=device, **kwargs)
         messages.append(re.sub(r"device=neuron(:0)?", "device=cpu", str(caught.value)))
     assert messages[1] == messages[0]
+
+
+_OUT_OF_RANGE = [3.4e38, -3.4e38, float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 70000.0,
+                 -70000.0, 300.0, -300.0, 200.5, -1.5, 2.0**31, -(2.0**31), 1e19, 2.0**63, -0.0]
+
+
+@pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("target", [torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32,
+                                    torch.int64, torch.bool])
+def test_float_to_integer_casts_give_cpus_values(source, target):
+    # Out of range, C++ leaves the result undefined; CPU gives its instruction's (x86: the
+    # type's minimum, narrow types through int32's low bits), which XLA's saturating
+    # conversion did not (PyTorch's test_float_to_int_conversion_finite).
+    values = torch.tensor(_OUT_OF_RANGE, dtype=source)
+    expected = values.to(target)
+    on_device = values.to(DEV)
+    assert torch.equal(on_device.to(target).cpu(), expected)
+    into = torch.empty(len(_OUT_OF_RANGE), dtype=target, device=DEV)
+    assert torch.equal(into.copy_(on_device).cpu(), expected)
+    compiled = torch.compile(lambda x: (x * 1).to(target), backend="neuron", dynamic=False)
+    assert torch.equal(compiled(on_device).cpu(), expected)

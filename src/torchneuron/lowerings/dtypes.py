@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -77,3 +79,32 @@ def lowest_value(dtype) -> jnp.ndarray:
     if dtype == jnp.bool_:
         return jnp.array(False)
     return jnp.array(jnp.iinfo(dtype).min, dtype)
+
+
+# Out-of-range float-to-integer conversion is undefined in C++; PyTorch's CPU kernels give
+# what the host's instruction gives, and casts to the narrower types go through int32 and keep
+# its low bits. x86's truncating conversions return the "integer indefinite" value (the type's
+# minimum) for NaN and out-of-range inputs; Arm's saturate and give 0 for NaN, as XLA's
+# conversions do. uint32/uint64 are left to XLA: CPU's vectorized and scalar paths disagree.
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+_THROUGH_INT32 = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32))
+
+
+def cast(x: jnp.ndarray, target) -> jnp.ndarray:
+    """`x.astype(target)` with the values PyTorch's CPU kernels give: a complex value to a real
+    type keeps its real part; a float to an integer type converts as the host CPU does."""
+    target = np.dtype(target)
+    if jnp.iscomplexobj(x) and not jnp.issubdtype(target, jnp.complexfloating):
+        x = jnp.real(x)  # PyTorch drops the imaginary part (with a warning, at trace time)
+    if jnp.issubdtype(x.dtype, jnp.floating) and (target in _THROUGH_INT32 or target == np.int64):
+        wide = np.dtype(np.int64) if target == np.int64 else np.dtype(np.int32)
+        converted = x.astype(wide)
+        if _X86:
+            if x.dtype.itemsize < 4:
+                x = x.astype(np.float32)  # exactly; the bounds overflow half and bfloat16
+            # [-2^31, 2^31) (or 2^63): both bounds are exact in float32/64; NaN fails both
+            lowest = np.iinfo(wide).min
+            in_range = (x >= float(lowest)) & (x < -float(lowest))
+            converted = jnp.where(in_range, converted, jnp.asarray(lowest, wide))
+        x = converted
+    return x.astype(target)

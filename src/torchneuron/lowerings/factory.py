@@ -11,7 +11,7 @@ import torch
 from jax import lax
 from torch._prims_common import corresponding_complex_dtype
 
-from .dtypes import to_jax_dtype
+from .dtypes import cast, to_jax_dtype
 from .registry import decomposes, lowers
 
 aten = torch.ops.aten
@@ -196,10 +196,7 @@ def convert_element_type(a, dtype):
 
 
 def _cast(x, dtype):
-    target = to_jax_dtype(dtype)
-    if jnp.iscomplexobj(x) and not jnp.issubdtype(target, jnp.complexfloating):
-        x = jnp.real(x)  # PyTorch drops the imaginary part (with a warning, at trace time)
-    return x.astype(target)
+    return cast(x, to_jax_dtype(dtype))
 
 
 # ---- out= variants ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .. import config
-from ..lowerings.dtypes import to_jax_dtype
+from ..lowerings.dtypes import cast, to_jax_dtype
 from . import storage, strided
 from .plan import NEURON
 
@@ -159,10 +159,8 @@ def write_array(dst: torch.Tensor, value: jax.Array) -> None:
 
 
 def _cast_broadcast_impl(value, jdtype, shape):
-    if jnp.issubdtype(value.dtype, jnp.complexfloating) and not jnp.issubdtype(jdtype, jnp.complexfloating):
-        value = jnp.real(value)
     if value.dtype != jdtype:
-        value = value.astype(jdtype)
+        value = cast(value, jdtype)
     if value.shape != shape:
         value = jnp.broadcast_to(value, shape)
     return value
