@@ -31,11 +31,37 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
 
+class UnsupportedDtypeError(TypeError):
+    """A dtype the device cannot compute in. For one it stores (complex32) the runtime runs
+    the call on CPU instead."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__(f"torchneuron: dtype {dtype} is not supported on the neuron device")
+        self.dtype = dtype
+
+
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
     try:
         return TORCH_TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"torchneuron: dtype {dtype} is not supported on the neuron device") from None
+        raise UnsupportedDtypeError(dtype) from None
+
+
+# complex32 (chalf) has no JAX type: the device stores its values as their bits, one 32-bit
+# word per element, which copies, views and layout changes move unchanged; ops that compute
+# on complex32 run on CPU.
+_BIT_CONTAINERS = {torch.complex32: np.dtype(np.uint32)}
+
+
+def buffer_dtype(dtype: torch.dtype) -> np.dtype:
+    """The element type of a storage buffer holding `dtype` values."""
+    container = _BIT_CONTAINERS.get(dtype)
+    return container if container is not None else to_jax_dtype(dtype)
+
+
+def is_bit_container(dtype: torch.dtype) -> bool:
+    """Whether the device holds `dtype` as bits only (no arithmetic: ops run on CPU)."""
+    return dtype in _BIT_CONTAINERS
 
 
 def to_torch_dtype(dtype) -> torch.dtype:

@@ -20,25 +20,29 @@ from .plan import NEURON, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, OpPlan
 
 OpOverload = torch._ops.OpOverload
 
-_warned: set[str] = set()
+_warned: set[tuple[str, str | None]] = set()
 
 # Inputs up to this size are copied to CPU to learn which exception CPU raises for a call.
 _ERROR_PROBE_BYTES = 1 << 26
 
 
-def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
-    """Run `plan.op` with CPU's kernel on copies of the arguments; write back what it wrote."""
+def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = None) -> Any:
+    """Run `plan.op` with CPU's kernel on copies of the arguments; write back what it wrote.
+    `reason`: why this call cannot run on the device (default: the op has no lowering)."""
     name = plan.name
+    why = reason or "has no lowering on the neuron device"
     if config.strict():
         raise NotImplementedError(
-            f"torchneuron: {name} has no lowering on the neuron device and TORCHNEURON_STRICT=1 "
-            "forbids falling back to CPU"
+            f"torchneuron: {name} {why} and TORCHNEURON_STRICT=1 forbids falling back to CPU"
+            if reason is None else
+            f"torchneuron: {name}: {why}, and TORCHNEURON_STRICT=1 forbids falling back to CPU"
         )
-    if name not in _warned:
-        _warned.add(name)
+    if (name, reason) not in _warned:
+        _warned.add((name, reason))
         warnings.warn(
-            f"torchneuron: {name} has no lowering on the neuron device; it runs on CPU "
-            "(see torchneuron.fallback_ops())",
+            f"torchneuron: {name} {why}; it runs on CPU (see torchneuron.fallback_ops())"
+            if reason is None else
+            f"torchneuron: {name} runs on CPU: {why} (see torchneuron.fallback_ops())",
             stacklevel=4,
         )
     originals: dict[int, torch.Tensor] = {}

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..lowerings import LOWERINGS
+from ..lowerings.dtypes import UnsupportedDtypeError
 from ..lowerings.registry import DECOMPOSITIONS
 from . import _native, fastpath, fusion, handlers, profiler, storage  # noqa: F401  (handlers register on import)
 from .cpu_fallback import check_write_overlap, raise_as_on_cpu, raised_by_torch_python, run_on_cpu
@@ -47,16 +48,28 @@ def dispatch_op(op: OpOverload, *args, **kwargs) -> Any:
         route = plan.route if plan.route_is_fixed else route_of(plan, args, kwargs)
         if plan.mutated and route is not Route.HANDLER and route is not Route.VIEW:
             check_write_overlap(plan, args, kwargs)
-        if _torch_profiler._is_profiler_enabled:
-            with profiler.record(route, op):
+        try:
+            if _torch_profiler._is_profiler_enabled:
+                with profiler.record(route, op):
+                    result = _RUNNERS[route](plan, args, kwargs)
+            else:
                 result = _RUNNERS[route](plan, args, kwargs)
-        else:
-            result = _RUNNERS[route](plan, args, kwargs)
+        except UnsupportedDtypeError as err:
+            # A dtype the device stores but does not compute in (complex32): nothing ran on
+            # the device yet (the lowering is traced first), so CPU's kernel runs the call.
+            if route is Route.FALLBACK or route is Route.VIEW:
+                raise
+            route = Route.FALLBACK
+            result = run_on_cpu(plan, args, kwargs, reason=_unsupported_dtype_reason(err))
         COUNTS[route][plan.name] += 1
         return result
     finally:
         if prior is not None:
             _set_eval_frame(prior)
+
+
+def _unsupported_dtype_reason(err: UnsupportedDtypeError) -> str:
+    return f"{err.dtype} tensors are stored on the neuron device but computed on CPU"
 
 
 def route_of(plan: OpPlan, args: tuple, kwargs: dict) -> Route:

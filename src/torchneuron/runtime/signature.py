@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..lowerings.dtypes import to_jax_dtype
+from ..lowerings.dtypes import UnsupportedDtypeError, is_bit_container, to_jax_dtype
 from . import fusion, storage, strided
 from .plan import GENERATOR, NEURON, OPT_TENSOR_LIST, SCALAR, STATIC, TENSOR, OpPlan
 
@@ -131,6 +131,8 @@ def read_tensor(key: tuple | None, inputs: Iterator) -> Any:
         return next(inputs)
     if tag == BITS:
         return strided.apply_bits(read_tensor(key[3], inputs), key[1], key[2])
+    if is_bit_container(tag):  # its buffer holds bits (complex32): nothing computes on them
+        raise UnsupportedDtypeError(tag)
     buf = next(inputs)
     spec = key[1]
     offset = 0 if spec.mode == strided.FULL else next(inputs)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..lowerings.dtypes import to_jax_dtype
+from ..lowerings.dtypes import buffer_dtype
 from . import _native, fusion, platform
 
 aten = torch.ops.aten
@@ -288,7 +288,7 @@ def _zeros(count: int, dtype: torch.dtype) -> jax.Array:
     """The contents of a storage never written (`empty` followed by `fill_`, as `torch.ones`
     runs): on the CPU client a host array handed over, because `jnp.zeros` compiles one
     executable per size (a new shape cost two compilations instead of one)."""
-    jax_dtype = to_jax_dtype(dtype)
+    jax_dtype = buffer_dtype(dtype)
     if platform.platform_name() == "cpu":
         return jax.device_put(np.zeros((count,), jax_dtype), platform.jax_device(0))
     return jnp.zeros((count,), jax_dtype, device=platform.jax_device(0))
@@ -306,7 +306,7 @@ class ZeroFill:
         self.stable_name = f"zeros|{shape!r}|{dtype}"  # fusion's on-disk program keys
 
     def __call__(self) -> tuple:
-        return (jnp.zeros(self.shape, to_jax_dtype(self.dtype)).reshape(-1),)
+        return (jnp.zeros(self.shape, buffer_dtype(self.dtype)).reshape(-1),)
 
 
 _zero_fill = functools.lru_cache(maxsize=256)(ZeroFill)
@@ -337,7 +337,7 @@ def reinterpret(buf: jax.Array, src: torch.dtype, dst: torch.dtype) -> jax.Array
     """Reinterpret the bytes of a flat buffer as another dtype (`Tensor.view(dtype)`)."""
     raw = np.asarray(jax.device_get(buf)).view(np.uint8) if buf.size else np.zeros(0, np.uint8)
     count = raw.size // dst.itemsize
-    out = raw[: count * dst.itemsize].view(to_jax_dtype(dst))
+    out = raw[: count * dst.itemsize].view(buffer_dtype(dst))
     return jax.device_put(out, platform.jax_device(0))
 
 

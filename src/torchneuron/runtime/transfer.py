@@ -9,7 +9,13 @@ import numpy as np
 import torch
 
 from .. import config
-from ..lowerings.dtypes import cast, to_jax_dtype
+from ..lowerings.dtypes import (
+    UnsupportedDtypeError,
+    buffer_dtype,
+    cast,
+    is_bit_container,
+    to_jax_dtype,
+)
 from . import storage, strided
 from .plan import NEURON
 
@@ -76,6 +82,8 @@ def cpu_to_numpy(t: torch.Tensor) -> np.ndarray:
         return t.view(torch.int16).numpy().view(to_jax_dtype(torch.bfloat16))
     if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return t.view(torch.uint8).numpy().view(to_jax_dtype(t.dtype))
+    if is_bit_container(t.dtype):
+        return t.view(torch.int32).numpy().view(buffer_dtype(t.dtype))
     return t.numpy()
 
 
@@ -85,6 +93,8 @@ def numpy_to_cpu(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return torch.from_numpy(a.view(np.uint8)).view(dtype)
+    if is_bit_container(dtype):
+        return torch.from_numpy(a.view(np.int32)).view(dtype)
     return torch.from_numpy(a)
 
 
@@ -171,11 +181,14 @@ _cast_broadcast_jit = jax.jit(_cast_broadcast_impl, static_argnums=(1, 2))
 
 def cast_broadcast(value: jax.Array, dtype: torch.dtype, shape) -> jax.Array:
     """`value` as `dtype` (complex to real keeps the real part, as copy_ does), broadcast."""
-    return _cast_broadcast_jit(value, to_jax_dtype(dtype), tuple(shape))
+    return _cast_broadcast_jit(value, buffer_dtype(dtype), tuple(shape))
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """`dst.copy_(src)` where either side (or both) is a neuron tensor."""
+    if src.dtype != dst.dtype and (is_bit_container(src.dtype) or is_bit_container(dst.dtype)):
+        # complex32 is held as bits: a conversion needs CPU (the router runs copy_ there)
+        raise UnsupportedDtypeError(src.dtype if is_bit_container(src.dtype) else dst.dtype)
     if dst.device.type == NEURON:
         if src.device.type == NEURON:
             value = logical_array(src)
