@@ -419,3 +419,19 @@ def test_a_bool_exponent_is_zero_or_one(dtype):
     for exponent in (True, False, torch.tensor([True, False])):
         on_device = exponent.to(DEV) if isinstance(exponent, torch.Tensor) else exponent
         torch.testing.assert_close((x.to(DEV) ** on_device).cpu(), x ** exponent)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d, std: torch.normal(0.0, std),
+    lambda d, std: torch.normal(torch.zeros(3, device=d), std),
+    lambda d, std: torch.normal(torch.zeros(3, device=d), std, out=torch.empty(3, device=d)),
+], ids=["float_Tensor", "Tensor_Tensor", "Tensor_Tensor_out"])
+@pytest.mark.parametrize("bad", [-1.0, float("nan")], ids=["negative", "nan"])
+def test_normal_refuses_a_std_tensor_with_a_negative_element(call, bad):
+    # test_tensor_creation_ops test_normal_std_error: drawn with the negative std before.
+    for device in ("cpu", DEV):
+        std = torch.tensor([1.0, bad, 2.0], device=device)
+        with pytest.raises(RuntimeError, match=r"normal expects all elements of std >= 0\.0"):
+            call(device, std).cpu()
+    good = call(DEV, torch.tensor([1.0, 0.0, 2.0], device=DEV)).cpu()
+    assert good[1] == 0.0 and good.isfinite().all()

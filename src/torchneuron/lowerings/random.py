@@ -81,15 +81,25 @@ def normal_tensor_float(mean, std=1.0, *, generator=None, key):
     return mean + std * jax.random.normal(key, mean.shape, _float_dtype(mean))
 
 
-@lowers(aten.normal.float_Tensor, rng=True)
+# A std tensor is checked by value, as CPU and CUDA check it (a NaN fails too): through the
+# runtime's check flag, raised when the call's result is computed.
+_NEGATIVE_STD = (RuntimeError, "normal expects all elements of std >= 0.0")
+
+
+def _std_is_bad(std):
+    return jnp.any(~(std >= 0))
+
+
+@lowers(aten.normal.float_Tensor, rng=True, index_error=_NEGATIVE_STD)
 def normal_float_tensor(mean, std, *, generator=None, key):
-    return mean + std * jax.random.normal(key, std.shape, _float_dtype(std))
+    return mean + std * jax.random.normal(key, std.shape, _float_dtype(std)), _std_is_bad(std)
 
 
-@lowers(aten.normal.Tensor_Tensor, rng=True)
+@lowers(aten.normal.Tensor_Tensor, rng=True, index_error=_NEGATIVE_STD)
 def normal_tensor_tensor(mean, std, *, generator=None, key):
     shape = jnp.broadcast_shapes(mean.shape, std.shape)
-    return mean + std * jax.random.normal(key, shape, jnp.result_type(mean, std))
+    draws = mean + std * jax.random.normal(key, shape, jnp.result_type(mean, std))
+    return draws, _std_is_bad(std)
 
 
 @lowers(aten.bernoulli.default, rng=True)
