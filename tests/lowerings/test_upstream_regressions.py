@@ -435,3 +435,33 @@ def test_normal_refuses_a_std_tensor_with_a_negative_element(call, bad):
             call(device, std).cpu()
     good = call(DEV, torch.tensor([1.0, 0.0, 2.0], device=DEV)).cpu()
     assert good[1] == 0.0 and good.isfinite().all()
+
+
+@pytest.mark.parametrize("call", [
+    lambda d, std: torch.empty(3, device=d).normal_(0.0, std),
+    lambda d, std: torch.normal(0.0, std, (3,), device=d),
+    lambda d, std: torch.normal(torch.zeros(3, device=d), std),
+], ids=["normal_", "float_float", "Tensor_float"])
+def test_normal_refuses_a_negative_std_at_every_call(call):
+    # std reaches the lowering traced: once an executable existed for the signature, a
+    # negative std drew values (negated normals) where CPU raises.
+    for std in (1.0, 2.0, -1.0, float("nan"), -1e-10):
+        messages = []
+        for device in ("cpu", DEV):
+            try:
+                call(device, std).cpu()
+                messages.append(None)
+            except RuntimeError as err:
+                messages.append(str(err))
+        assert messages[1] == messages[0]
+        assert (messages[0] is None) == (std >= 0)
+
+
+def test_an_empty_integer_tensor_takes_normal_as_on_cpu():
+    # test_foreach test_add_scalar_with_empty_list_and_empty_tensor: torch.randn(0,
+    # dtype=int16) raised PyTorch's meta kernel's dtype error; CPU returns the empty tensor.
+    for dtype in (torch.int16, torch.int64, torch.bool):
+        out = torch.randn(0, dtype=dtype, device=DEV)
+        assert out.dtype == dtype and out.shape == (0,)
+        with pytest.raises(NotImplementedError, match="normal_kernel_cpu"):
+            torch.randn(2, dtype=dtype, device=DEV)

@@ -113,3 +113,22 @@ def test_decomposed_op_raises_cpus_check(op, fn, message: str) -> None:
 ], ids=["empty_strided", "new_empty_strided"])
 def test_sizes_and_strides_of_different_lengths(fn) -> None:
     _raises_like_cpu(fn, "dimensionality of sizes (2) must match dimensionality of strides (1)")
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c < c, lambda c: c.ge(1), lambda c: c.max(), lambda c: c.amax(0), lambda c: c.argmax(),
+    lambda c: c.sort(), lambda c: c.topk(1), lambda c: c.clamp(0, 1), lambda c: c.sign(),
+    lambda c: c.floor(), lambda c: torch.maximum(c, c), lambda c: c.cummax(0), lambda c: c % 2,
+    lambda c: c.median(), lambda c: c.kthvalue(1),
+], ids=["lt", "ge_scalar", "max", "amax", "argmax", "sort", "topk", "clamp", "sign", "floor",
+        "maximum", "cummax", "remainder", "median", "kthvalue"])
+def test_complex_inputs_cpu_refuses_are_refused(call):
+    # Ordering and rounding complex numbers: CPU refuses; the lowerings computed (comparing
+    # real parts, or JAX's lexicographic order) before.
+    for dtype in (torch.complex64, torch.complex128):
+        c = torch.tensor([1 + 2j, -1j, 3.0], dtype=dtype)
+        with pytest.raises(Exception) as on_cpu:
+            call(c)
+        with pytest.raises(type(on_cpu.value)) as on_device:
+            call(c.to("neuron"))
+        assert str(on_device.value) == str(on_cpu.value)

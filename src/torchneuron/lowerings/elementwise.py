@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .dtypes import not_implemented_for
 from .registry import Promotion, decomposes
 from .registry import lowers as _register
 
@@ -500,13 +501,23 @@ def logical_xor(x, y):
 
 
 # ---- comparisons -----------------------------------------------------------------------
+def _comparison(name: str, fn):
+    ordering = name not in ("eq", "ne")
+
+    def compare(x, y):
+        if ordering and jnp.iscomplexobj(x):  # complex numbers have no order: CPU refuses
+            raise not_implemented_for(f"{name}_cpu", jnp.asarray(x).dtype)
+        return fn(x, y)
+
+    return compare
+
+
 for _name, _fn in {
     "eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
     "gt": jnp.greater, "ge": jnp.greater_equal,
 }.items():
     _packet = getattr(aten, _name)
-    lowers(_packet.Tensor, _packet.Scalar, promote=Promotion.DEFAULT)(
-        (lambda f: lambda x, y: f(x, y))(_fn))
+    lowers(_packet.Tensor, _packet.Scalar, promote=Promotion.DEFAULT)(_comparison(_name, _fn))
 
 
 # ---- ternary / selection ---------------------------------------------------------------

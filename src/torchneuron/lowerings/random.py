@@ -60,15 +60,55 @@ def uniform(x, from_=0.0, to=1.0, *, generator=None, key):
     return _from_parts((from_ + u * (to - from_)).astype(part), x.dtype)
 
 
-@lowers(aten.normal.float_float, rng=True, static=("size",))
+def _std_allowed(a: dict) -> bool:
+    # std is traced (a new value compiles nothing), so CPU's check runs per call; NaN fails
+    return a["std"] >= 0
+
+
+def _refuse_std(std: float):
+    raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+@decomposes(aten.normal_.default, aten.normal_functional.default)
+def normal_refused(self, mean=0.0, std=1.0, *, generator=None):
+    """The calls `_std_allowed` turns away."""
+    _refuse_std(std)
+
+
+@decomposes(aten.normal.float_float, aten.normal.Tensor_float)
+def normal_from_mean_refused(mean, std=1.0, *args, **kwargs):
+    """The calls `_std_allowed` turns away."""
+    _refuse_std(std)
+
+
+@lowers(aten.normal.float_float, rng=True, static=("size",), only_when=_std_allowed)
 def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None,
                        device=None, pin_memory=None, key):
     jdtype = to_jax_dtype(dtype or torch.get_default_dtype())
     return mean + std * jax.random.normal(key, tuple(size), jdtype)
 
 
-@lowers(aten.normal_functional.default, aten.normal_.default, rng=True)
+def _normal_meta(op):
+    """PyTorch's meta kernel of `op`, except for an empty integer or bool tensor: CPU checks
+    std, then returns before its dtype check (`torch.randn(0, dtype=torch.int16)`)."""
+
+    def meta(x, mean=0.0, std=1.0, *, generator=None):
+        if x.numel() == 0 and not (x.is_floating_point() or x.is_complex()):
+            if std < 0:
+                raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+            return x if op is aten.normal_.default else torch.empty_like(x)
+        return op(x, mean, std, generator=generator)
+
+    return meta
+
+
+@lowers(aten.normal_.default, rng=True, meta=_normal_meta(aten.normal_.default),
+        only_when=_std_allowed)
+@lowers(aten.normal_functional.default, rng=True,
+        meta=_normal_meta(aten.normal_functional.default), only_when=_std_allowed)
 def normal_functional(x, mean=0.0, std=1.0, *, generator=None, key):
+    if x.size == 0:
+        return x  # nothing to draw (an empty integer tensor is not refused: see _normal_meta)
     part, shape = _real_draws(x, "normal_")
     if jnp.iscomplexobj(x):
         std = std / np.sqrt(2.0)  # CPU: each part has half the variance; mean added to both
@@ -76,7 +116,7 @@ def normal_functional(x, mean=0.0, std=1.0, *, generator=None, key):
     return _from_parts(draws.astype(part), x.dtype)
 
 
-@lowers(aten.normal.Tensor_float, rng=True)
+@lowers(aten.normal.Tensor_float, rng=True, only_when=_std_allowed)
 def normal_tensor_float(mean, std=1.0, *, generator=None, key):
     return mean + std * jax.random.normal(key, mean.shape, _float_dtype(mean))
 

@@ -36,6 +36,11 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     cache_key = (key, torch.get_default_dtype())
     ex = plan.cache.get(cache_key)
     if ex is None:
+        if not lowering.rng and _has_complex_tensor(values):
+            # Many CPU kernels refuse complex inputs (sort, max, clamp, sign, ...) where a
+            # lowering would order or round the values: a new signature with a complex
+            # tensor asks CPU once, as the meta kernels do not check this.
+            raise_if_cpu_refuses(plan.op, args, kwargs)
         try:
             out_dtypes = (_out_dtypes(plan, values, args, kwargs)
                           if plan.out_args and plan.lowering is None else None)
@@ -101,6 +106,17 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     if recording and ex.index_error is not None:
         fusion.flush()  # an op that checks its indices ends the trace: its error is raised here
     return returned
+
+
+def _has_complex_tensor(values: list) -> bool:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.is_complex():
+                return True
+        elif isinstance(value, list | tuple) and any(
+                isinstance(v, torch.Tensor) and v.is_complex() for v in value):
+            return True
+    return False
 
 
 def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable, values: list,
