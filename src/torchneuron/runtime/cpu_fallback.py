@@ -22,6 +22,8 @@ OpOverload = torch._ops.OpOverload
 
 _warned: set[tuple[str, str | None]] = set()
 
+SPARSE_ON_CPU = "sparse tensors are stored on the neuron device but computed on CPU"
+
 # Inputs up to this size are copied to CPU to learn which exception CPU raises for a call.
 _ERROR_PROBE_BYTES = 1 << 26
 
@@ -51,6 +53,11 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = Non
                for t in (bound[i] if isinstance(bound[i], list | tuple) else [bound[i]])}
 
     def convert(value):
+        if isinstance(value, torch.Tensor) and value.device.type == NEURON and (
+                value.layout == torch.sparse_coo):
+            cpu = transfer.sparse_to_device(value, "cpu")
+            originals[id(cpu)] = value
+            return cpu
         if isinstance(value, torch.Tensor) and value.device.type == NEURON:
             cpu = transfer.neuron_to_cpu(value)
             stride = transfer.preserved_stride(value)
@@ -83,6 +90,9 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = Non
             if cpu_t is None or id(cpu_t) not in originals:
                 continue
             target = originals[id(cpu_t)]
+            if target.layout == torch.sparse_coo:
+                transfer.copy_sparse_into(target, cpu_t)
+                continue
             if target.shape != cpu_t.shape:
                 target.resize_(cpu_t.shape)
                 stride = transfer.dense_stride(cpu_t)
@@ -94,8 +104,10 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = Non
         if isinstance(value, torch.Tensor):
             if id(value) in originals:
                 return originals[id(value)]
+            if value.layout == torch.sparse_coo:
+                return transfer.sparse_to_device(value, NEURON)
             if value.layout != torch.strided:
-                # No sparse (or other layout) kernels exist for PrivateUse1 tensors here.
+                # No CSR/CSC/BSR (or other layout) tensors exist for PrivateUse1 here.
                 raise NotImplementedError(
                     f"torchneuron: {name} returns a {value.layout} tensor; the neuron device "
                     "supports only strided tensors"
@@ -116,10 +128,11 @@ class _ProbeTooBig(Exception):
     pass
 
 
-def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+def cpu_replica(args: tuple, kwargs: dict, zeros: bool = False) -> tuple[tuple, dict] | None:
     """CPU copies of a call's arguments that alias each other as the neuron tensors do (one
     copied storage per neuron storage); None when they exceed _ERROR_PROBE_BYTES. Only for
-    error paths: learning what CPU's kernel says about a call."""
+    error paths: learning what CPU's kernel says about a call. `zeros`: storages of zeros
+    instead of copies (nothing is read from the device)."""
     mirrors: dict[int, Any] = {}
     replicas: dict[int, torch.Tensor] = {}  # one replica per tensor object, as CPU sees identity
     budget = [_ERROR_PROBE_BYTES]
@@ -139,8 +152,10 @@ def cpu_replica(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
                 flat = torch.empty(0, dtype=value.dtype, device=NEURON).set_(st)
                 # A storage of torch's own (numpy's is not resizable, and CPU kernels
                 # resize `out` before some of their checks).
-                cpu_st = mirrors[key] = torch.empty_like(flat, device="cpu").copy_(
-                    transfer.neuron_to_cpu(flat)).untyped_storage()
+                cpu_flat = torch.zeros_like(flat, device="cpu")
+                if not zeros:
+                    cpu_flat.copy_(transfer.neuron_to_cpu(flat))
+                cpu_st = mirrors[key] = cpu_flat.untyped_storage()
             replica = replicas[id(value)] = torch.empty(0, dtype=value.dtype).set_(
                 cpu_st, value.storage_offset(), value.shape, value.stride())
             return replica
@@ -163,6 +178,19 @@ def raise_if_cpu_refuses(op: OpOverload, args: tuple, kwargs: dict) -> None:
     replica = cpu_replica(args, kwargs)
     if replica is not None:
         _run_replica(op, *replica)
+
+
+def raise_if_cpu_refuses_signature(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """`raise_if_cpu_refuses` for refusals that do not depend on the values (a dtype CPU has
+    no kernel for): tried on zeros first, so that nothing is read from the device (no
+    sync); only a call CPU refuses on zeros is run again on copies of the real values."""
+    replica = cpu_replica(args, kwargs, zeros=True)
+    if replica is None:
+        return
+    try:
+        _run_replica(op, *replica)
+    except Exception:  # noqa: BLE001  (CPU's verdict on the real values decides)
+        raise_if_cpu_refuses(op, args, kwargs)
 
 
 def _run_replica(op: OpOverload, args: tuple, kwargs: dict) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import autocast, dispatch, module_conversion, platform, rng, serialization, storage
+from . import autocast, dispatch, module_conversion, platform, rng, serialization, sparse, storage
 
 DEVICE_NAME = "neuron"
 _lock = threading.Lock()
@@ -261,4 +261,5 @@ def register() -> None:
         autocast.install()
         module_conversion.install()  # Module.to keeps shared parameters shared
         serialization.install()
+        sparse.install()
         _registered = True

@@ -12,7 +12,12 @@ from .. import config
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import index_exception
 from . import _native, executable, fusion, rng, signature, storage, strided
-from .cpu_fallback import raise_as_on_cpu, raise_if_cpu_refuses, run_on_cpu
+from .cpu_fallback import (
+    raise_as_on_cpu,
+    raise_if_cpu_refuses,
+    raise_if_cpu_refuses_signature,
+    run_on_cpu,
+)
 from .meta import flatten_results, meta_outputs
 from .plan import COUNTS, GENERATOR, NEURON, STATIC, OpPlan, Route, plan_for
 
@@ -40,7 +45,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             # Many CPU kernels refuse complex inputs (sort, max, clamp, sign, ...) where a
             # lowering would order or round the values: a new signature with a complex
             # tensor asks CPU once, as the meta kernels do not check this.
-            raise_if_cpu_refuses(plan.op, args, kwargs)
+            raise_if_cpu_refuses_signature(plan.op, args, kwargs)
         try:
             out_dtypes = (_out_dtypes(plan, values, args, kwargs)
                           if plan.out_args and plan.lowering is None else None)

@@ -19,6 +19,8 @@ from ..lowerings.dtypes import (
 from . import storage, strided
 from .plan import NEURON
 
+aten = torch.ops.aten
+
 _gather_jit = jax.jit(strided.gather, static_argnums=(2,))
 _apply_bits_jit = jax.jit(strided.apply_bits, static_argnums=(1, 2))
 _write_jit = jax.jit(strided.scatter, static_argnums=(3,))
@@ -201,3 +203,23 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         return dst
     dst.copy_(neuron_to_cpu(src))  # neuron -> host
     return dst
+
+
+# ---- sparse COO tensors (runtime/sparse.py): dense indices and values on either side ------
+
+_SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
+
+
+def sparse_to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A sparse COO tensor with its indices and values moved to `device` (same flags)."""
+    return torch.sparse_coo_tensor(t._indices().to(device), t._values().to(device), t.shape,
+                                   dtype=t.dtype, device=device, is_coalesced=t.is_coalesced(),
+                                   requires_grad=False)
+
+
+def copy_sparse_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """`dst.copy_(src)` for a sparse neuron `dst`: PyTorch's device-generic sparse copy (it
+    resizes dst and takes copies of src's indices and values, moved to dst's device)."""
+    aten.copy_sparse_to_sparse_.default.redispatch(_SPARSE_CPU, dst,
+                                                   sparse_to_device(src, dst.device))
+

@@ -1,0 +1,103 @@
+"""Sparse COO tensors on the device: neuron indices and values, computed on CPU.
+
+A sparse neuron tensor is PyTorch's own SparseTensorImpl whose indices and values are dense
+neuron tensors. Its constructors and accessors are PyTorch's SparseCPU kernels, which only
+touch metadata and the two member tensors (they never read memory), run for the
+SparsePrivateUse1 key. Every other op on a sparse neuron tensor runs on CPU through the
+visible fallback (warned once per op, counted, refused under TORCHNEURON_STRICT=1):
+cpu_fallback converts sparse arguments and results in both directions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cpu_fallback, transfer
+from .plan import COUNTS, Route, plan_for
+
+aten = torch.ops.aten
+_SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
+
+# SparseCPU kernels that are device-generic: construction, member access, resizing, and
+# aliasing/copying of the member tensors (which then dispatch as neuron tensors).
+_METADATA_OPS = (
+    aten._sparse_coo_tensor_with_dims_and_tensors.default,
+    aten._sparse_coo_tensor_with_dims.default,
+    aten.empty.memory_format,
+    aten._indices.default,
+    aten._values.default,
+    aten.indices.default,
+    aten.values.default,
+    aten.sparse_dim.default,
+    aten.dense_dim.default,
+    aten._dimI.default,
+    aten._dimV.default,
+    aten._nnz.default,
+    aten.is_coalesced.default,
+    aten._coalesced_.default,
+    aten.sparse_resize_.default,
+    aten.sparse_resize_and_clear_.default,
+    aten.zero_.default,
+)
+
+_installed: list = []
+
+
+def _redispatch(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(_SPARSE_CPU, *args, **kwargs)
+
+    return kernel
+
+
+def _on_cpu(op, *args, **kwargs):
+    plan = plan_for(op)
+    result = cpu_fallback.run_on_cpu(plan, args, kwargs, reason=cpu_fallback.SPARSE_ON_CPU)
+    COUNTS[Route.FALLBACK][plan.name] += 1
+    return result
+
+
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    # copy_ of a device PyTorch does not know comes here; sparse into sparse is a copy of
+    # the member tensors (the composite clone, `.to`, autograd's accumulation go through it)
+    if src.layout == torch.sparse_coo and dst.layout == torch.sparse_coo:
+        transfer.copy_sparse_into(dst, src)
+        return dst
+    return _on_cpu(aten._copy_from.default, src, dst, non_blocking)
+
+
+def _cpu_kernel(op):
+    def kernel(*args, **kwargs):
+        return _on_cpu(op, *args, **kwargs)
+
+    return kernel
+
+
+def _overload_name(op) -> str:
+    name = op._schema.name.split("::")[1]
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
+def install() -> None:
+    if _installed:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    own = {_overload_name(op) for op in _METADATA_OPS} | {"_copy_from"}
+    for op in _METADATA_OPS:
+        library.impl(_overload_name(op), _redispatch(op), "SparsePrivateUse1")
+    library.impl("_copy_from", _copy_from, "SparsePrivateUse1")
+    # Where CPU has a sparse kernel of its own, the whole call runs there: a composite
+    # kernel would otherwise decompose it for this key into ops CPU has no sparse kernel for
+    # (mv into addmv_).
+    for qualified in torch._C._dispatch_get_registrations_for_dispatch_key("SparseCPU"):
+        namespace, _, name = qualified.partition("::")
+        packet = getattr(getattr(torch.ops, namespace), name.split(".")[0], None)
+        if namespace != "aten" or packet is None:
+            continue
+        overload = name.split(".")[1] if "." in name else "default"
+        op = getattr(packet, overload, None)
+        if op is not None and _overload_name(op) not in own:
+            library.impl(_overload_name(op), _cpu_kernel(op), "SparsePrivateUse1")
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_on_cpu, "SparsePrivateUse1")
+    _installed.extend((library, fallback))
