@@ -89,3 +89,21 @@ def test_sparse_ops_are_a_visible_counted_fallback(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_STRICT", "1")
     with pytest.raises(NotImplementedError, match="sparse"):
         s * 2
+
+
+def test_invariant_checks_refuse_as_on_cpu():
+    # PyTorch's tests turn sparse invariant checks on; they ran a DispatchStub kernel that
+    # only CPU and CUDA have ("DispatchStub: missing kernel for neuron").
+    messages = []
+    with torch.sparse.check_sparse_tensor_invariants():
+        for device in ("cpu", DEV):
+            indices = torch.tensor([[0, 1], [1, 5]], device=device)
+            values = torch.tensor([3.0, 4.0], device=device)
+            with pytest.raises(RuntimeError) as caught:
+                torch.sparse_coo_tensor(indices, values, (2, 2))
+            messages.append(str(caught.value))
+            good = torch.sparse_coo_tensor(indices, values, (2, 6))
+            assert good.device.type == device
+            dense = torch.tensor([[0, 1.0], [2, 0]], device=device).to_sparse().to_dense()
+            assert dense.cpu().tolist() == [[0, 1.0], [2, 0]]
+    assert messages[1] == messages[0]

@@ -78,6 +78,13 @@ def _overload_name(op) -> str:
     return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
 
 
+def _validate_coo_args(indices, values, size, is_coalesced=None, check_pinning=None):
+    # torch.sparse_coo_tensor's invariant checks (PyTorch's tests turn them on) read the
+    # indices in a DispatchStub kernel that only CPU and CUDA have: check CPU copies.
+    aten._validate_sparse_coo_tensor_args.default(indices.cpu(), values.cpu(), size,
+                                                  is_coalesced, check_pinning)
+
+
 def install() -> None:
     if _installed:
         return
@@ -86,6 +93,8 @@ def install() -> None:
     for op in _METADATA_OPS:
         library.impl(_overload_name(op), _redispatch(op), "SparsePrivateUse1")
     library.impl("_copy_from", _copy_from, "SparsePrivateUse1")
+    # a composite op: its autograd slot is where a neuron call arrives
+    library.impl("_validate_sparse_coo_tensor_args", _validate_coo_args, "AutogradPrivateUse1")
     # Where CPU has a sparse kernel of its own, the whole call runs there: a composite
     # kernel would otherwise decompose it for this key into ops CPU has no sparse kernel for
     # (mv into addmv_).

@@ -211,10 +211,11 @@ _SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
 
 
 def sparse_to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """A sparse COO tensor with its indices and values moved to `device` (same flags)."""
+    """A sparse COO tensor with its indices and values moved to `device` (same flags; it is
+    valid already, so PyTorch's optional invariant checks are not run again)."""
     return torch.sparse_coo_tensor(t._indices().to(device), t._values().to(device), t.shape,
                                    dtype=t.dtype, device=device, is_coalesced=t.is_coalesced(),
-                                   requires_grad=False)
+                                   requires_grad=False, check_invariants=False)
 
 
 def copy_sparse_into(dst: torch.Tensor, src: torch.Tensor) -> None:
