@@ -465,3 +465,21 @@ def test_an_empty_integer_tensor_takes_normal_as_on_cpu():
         assert out.dtype == dtype and out.shape == (0,)
         with pytest.raises(NotImplementedError, match="normal_kernel_cpu"):
             torch.randn(2, dtype=dtype, device=DEV)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.ones(2, dtype=torch.bool, device=d).sub_(True),
+    lambda d: torch._foreach_sub_([torch.ones(2, dtype=torch.bool, device=d)], True),
+    lambda d: torch.ones(2, device=d).sub_(True),
+    lambda d: torch.ones(2, dtype=torch.int32, device=d).sub_(True),
+], ids=["bool_bool", "foreach_bool_bool", "float_bool", "int_bool"])
+def test_in_place_subtraction_refuses_bool_operands(call):
+    # test_foreach test_binary_op_scalar_with_overlapping_tensors__foreach_sub_bool: the
+    # in-place overloads ran PyTorch's meta kernel of their own, which lets a bool scalar pass.
+    messages = []
+    for device in ("cpu", DEV):
+        with pytest.raises(RuntimeError) as caught:
+            call(device)
+        messages.append(str(caught.value))
+    assert messages[1] == messages[0]
+    assert messages[0].startswith("Subtraction, the `-` operator, with")

@@ -192,14 +192,28 @@ def _subtraction_meta(tensor_op, scalar_op):
 
 @lowers(aten.sub.Tensor, aten.sub.Scalar, promote=Promotion.DEFAULT,
         meta=_subtraction_meta(aten.sub.Tensor, aten.sub.Scalar))
+# In place too, for CPU's bool checks (a bool scalar operand: x.sub_(True) is refused); the
+# in-place meta kernel does the rest (the result must cast to self's dtype).
+@lowers(aten.sub_.Tensor, aten.sub_.Scalar, promote=Promotion.DEFAULT,
+        meta=_subtraction_meta(aten.sub_.Tensor, aten.sub_.Scalar))
 def sub(x, y, alpha=1):
+    _refuse_bool_subtraction(x)
     return x - y * alpha if not _is_one(alpha) else x - y
 
 
 @lowers(aten.rsub.Tensor, aten.rsub.Scalar, promote=Promotion.DEFAULT,
         meta=_subtraction_meta(aten.rsub.Tensor, aten.rsub.Scalar))
 def rsub(x, y, alpha=1):
+    _refuse_bool_subtraction(x)
     return y - x * alpha if not _is_one(alpha) else y - x
+
+
+def _refuse_bool_subtraction(x) -> None:
+    # Promoted operands: bool only when both were. In-place overloads (x.sub_(True),
+    # _foreach_sub_) run PyTorch's meta kernel of their own, which lets a bool scalar pass.
+    if jnp.asarray(x).dtype == jnp.bool_:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                           "supported. Use the `^` or `logical_xor()` operator instead.")
 
 
 def _is_one(value) -> bool:
