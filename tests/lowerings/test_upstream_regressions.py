@@ -483,3 +483,20 @@ def test_in_place_subtraction_refuses_bool_operands(call):
         messages.append(str(caught.value))
     assert messages[1] == messages[0]
     assert messages[0].startswith("Subtraction, the `-` operator, with")
+
+
+@pytest.mark.parametrize("call", [
+    lambda t, m: t * m, lambda t, m: m * t, lambda t, m: m.float() * t,
+    lambda t, m: m.to(torch.float16) * t.half(), lambda t, m: m.double() * t.double(),
+    lambda t, m: torch.xlogy(m, t), lambda t, m: m.to(torch.complex64) * t,
+], ids=["float_times_mask", "mask_times_float", "cast_mask", "half", "double", "xlogy",
+        "complex"])
+def test_a_bool_operand_keeps_nan_and_inf(call):
+    # test_binary_ufuncs test_xlogy_xlog1py_*_bool: XLA rewrites convert(bool) * y into
+    # select(bool, y, 0), so False * nan (and False * inf) gave 0 where CPU gives nan.
+    t = torch.tensor([float("nan"), float("inf"), -float("inf"), 2.0, float("nan")])
+    mask = torch.tensor([False, False, False, True, True])
+    expected = call(t, mask)
+    for _ in range(2):  # the first call and a cached executable
+        torch.testing.assert_close(call(t.to(DEV), mask.to(DEV)).cpu(), expected,
+                                   equal_nan=True)

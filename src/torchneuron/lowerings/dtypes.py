@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import torch
+from jax import lax
 
 TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(np.bool_),
@@ -122,6 +123,8 @@ def cast(x: jnp.ndarray, target) -> jnp.ndarray:
     target = np.dtype(target)
     if jnp.iscomplexobj(x) and not jnp.issubdtype(target, jnp.complexfloating):
         x = jnp.real(x)  # PyTorch drops the imaginary part (with a warning, at trace time)
+    if x.dtype == np.bool_ and jnp.issubdtype(target, jnp.inexact):
+        return _bool_to_float(x, target)
     if jnp.issubdtype(x.dtype, jnp.floating) and (target in _THROUGH_INT32 or target == np.int64):
         wide = np.dtype(np.int64) if target == np.int64 else np.dtype(np.int32)
         converted = x.astype(wide)
@@ -134,3 +137,16 @@ def cast(x: jnp.ndarray, target) -> jnp.ndarray:
             converted = jnp.where(in_range, converted, jnp.asarray(lowest, wide))
         x = converted
     return x.astype(target)
+
+
+def _bool_to_float(x: jnp.ndarray, target: np.dtype) -> jnp.ndarray:
+    """A bool array as 0.0/1.0 of a floating (or complex) type, built from the bits of 1.0:
+    XLA rewrites `convert(bool) * y` into `select(bool, y, 0)`, which makes `False * nan` 0
+    where PyTorch gives nan (`float_tensor * bool_mask`, xlogy of a bool tensor)."""
+    real = np.dtype(target.type(0).real.dtype) if jnp.issubdtype(target, jnp.complexfloating) \
+        else target
+    bits = np.dtype(f"uint{real.itemsize * 8}")
+    one = np.array(1, real).view(bits)
+    value = lax.bitcast_convert_type(x.astype(bits) * one, real)
+    return value.astype(target) if real != target else value
+

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..lowerings import Lowering
-from ..lowerings.dtypes import to_jax_dtype
+from ..lowerings.dtypes import cast, to_jax_dtype
 from . import rng
 from .plan import TENSOR, TENSOR_LIST, OpPlan
 
@@ -68,9 +68,9 @@ def _cast_tensors(plan: OpPlan, values: list, dtype: np.dtype) -> list:
     out = []
     for kind, v in zip(plan.kinds, values):
         if kind == TENSOR and v is not None and hasattr(v, "dtype") and v.dtype != dtype:
-            v = v.astype(dtype)
+            v = cast(v, dtype)
         elif kind == TENSOR_LIST:
-            v = [x if x is None or x.dtype == dtype else x.astype(dtype) for x in v]
+            v = [x if x is None or x.dtype == dtype else cast(x, dtype) for x in v]
         out.append(v)
     return out
 
@@ -79,7 +79,7 @@ def cast_to(value: Any, dtype: torch.dtype) -> jax.Array:
     """A result as a JAX array of PyTorch's dtype for it."""
     value = jnp.asarray(value)
     jdtype = to_jax_dtype(dtype)
-    return value if value.dtype == jdtype else value.astype(jdtype)
+    return value if value.dtype == jdtype else cast(value, jdtype)
 
 
 def cast_results(result: Any, meta: Any) -> Any:
