@@ -500,3 +500,14 @@ def test_a_bool_operand_keeps_nan_and_inf(call):
     for _ in range(2):  # the first call and a cached executable
         torch.testing.assert_close(call(t.to(DEV), mask.to(DEV)).cpu(), expected,
                                    equal_nan=True)
+
+
+def test_inv_ex_check_errors_raises_linalg_error():
+    # test_linalg test_inv_ex_singular: RuntimeError where CPU raises torch.linalg.LinAlgError
+    # (a subclass); the message still lacks CPU's element number (a value the check flag
+    # does not carry).
+    a = torch.eye(3)
+    a[-1, -1] = 0
+    assert torch.linalg.inv_ex(a.to(DEV)).info.item() == torch.linalg.inv_ex(a).info.item() == 3
+    with pytest.raises(torch.linalg.LinAlgError, match="could not be completed"):
+        torch.linalg.inv_ex(a.to(DEV), check_errors=True)
