@@ -173,13 +173,16 @@ def _is_bool(v) -> bool:
     return v.dtype == torch.bool if isinstance(v, torch.Tensor) else isinstance(v, bool)
 
 
+_BOOL_SUBTRACTION = ("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                     "Use the `^` or `logical_xor()` operator instead.")
+
+
 def _subtraction_meta(tensor_op, scalar_op):
     """PyTorch's meta kernels reject bool - bool only; CPU rejects any bool operand."""
 
     def meta(x, y, alpha=1):
         if _is_bool(x) and _is_bool(y):
-            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
-                               "supported. Use the `^` or `logical_xor()` operator instead.")
+            raise RuntimeError(_BOOL_SUBTRACTION)
         if _is_bool(x) or _is_bool(y):
             raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not "
                                "supported. If you are trying to invert a mask, use the `~` or "
@@ -212,8 +215,7 @@ def _refuse_bool_subtraction(x) -> None:
     # Promoted operands: bool only when both were. In-place overloads (x.sub_(True),
     # _foreach_sub_) run PyTorch's meta kernel of their own, which lets a bool scalar pass.
     if jnp.asarray(x).dtype == jnp.bool_:
-        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
-                           "supported. Use the `^` or `logical_xor()` operator instead.")
+        raise RuntimeError(_BOOL_SUBTRACTION)
 
 
 def _is_one(value) -> bool:

@@ -95,7 +95,7 @@ def _normal_meta(op):
     def meta(x, mean=0.0, std=1.0, *, generator=None):
         if x.numel() == 0 and not (x.is_floating_point() or x.is_complex()):
             if std < 0:
-                raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+                _refuse_std(std)
             return x if op is aten.normal_.default else torch.empty_like(x)
         return op(x, mean, std, generator=generator)
 

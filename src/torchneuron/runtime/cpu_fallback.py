@@ -32,21 +32,17 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = Non
     """Run `plan.op` with CPU's kernel on copies of the arguments; write back what it wrote.
     `reason`: why this call cannot run on the device (default: the op has no lowering)."""
     name = plan.name
-    why = reason or "has no lowering on the neuron device"
+    if reason is None:
+        refused = f"{name} has no lowering on the neuron device and"
+        warned = f"{name} has no lowering on the neuron device; it runs on CPU"
+    else:
+        refused, warned = f"{name}: {reason}, and", f"{name} runs on CPU: {reason}"
     if config.strict():
         raise NotImplementedError(
-            f"torchneuron: {name} {why} and TORCHNEURON_STRICT=1 forbids falling back to CPU"
-            if reason is None else
-            f"torchneuron: {name}: {why}, and TORCHNEURON_STRICT=1 forbids falling back to CPU"
-        )
+            f"torchneuron: {refused} TORCHNEURON_STRICT=1 forbids falling back to CPU")
     if (name, reason) not in _warned:
         _warned.add((name, reason))
-        warnings.warn(
-            f"torchneuron: {name} {why}; it runs on CPU (see torchneuron.fallback_ops())"
-            if reason is None else
-            f"torchneuron: {name} runs on CPU: {why} (see torchneuron.fallback_ops())",
-            stacklevel=4,
-        )
+        warnings.warn(f"torchneuron: {warned} (see torchneuron.fallback_ops())", stacklevel=4)
     originals: dict[int, torch.Tensor] = {}
     bound = plan.bind(args, kwargs)
     written = {id(t) for i in plan.mutated

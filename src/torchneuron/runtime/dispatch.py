@@ -25,7 +25,17 @@ from ..lowerings.registry import DECOMPOSITIONS
 from . import _native, fastpath, fusion, handlers, profiler, storage  # noqa: F401  (handlers register on import)
 from .cpu_fallback import check_write_overlap, raise_as_on_cpu, raised_by_torch_python, run_on_cpu
 from .eager import decomposing, run_decomposition, run_lowered, run_out_variant
-from .plan import _PLANS, COUNTS, HANDLERS, NEURON, OpPlan, Route, inplace_overload, plan_for
+from .plan import (
+    _PLANS,
+    COUNTS,
+    HANDLERS,
+    NEURON,
+    OpPlan,
+    Route,
+    inplace_overload,
+    kernel_name,
+    plan_for,
+)
 from .signature import device_mismatch
 from .storage import CPU_KEYS
 
@@ -145,7 +155,7 @@ def install() -> None:
     if _installed:
         return
     _installed.append(True)
-    direct = sorted(_kernel_name(op) for op in _direct_ops())
+    direct = sorted(kernel_name(op) for op in _direct_ops())
     native = _native.fastpath()
     if native is not None:
         native.init(dispatch_op, fastpath.describe, fastpath.take_last, storage._LATEST,
@@ -163,11 +173,6 @@ def install() -> None:
 
 
 _installed: list = []
-
-
-def _kernel_name(op: OpOverload) -> str:
-    name = op._schema.name.split("::")[1]
-    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
 
 
 def _op_of(name: str) -> OpOverload:

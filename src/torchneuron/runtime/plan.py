@@ -73,6 +73,12 @@ _KINDS = {
 HANDLERS: dict[OpOverload, Callable] = {}
 
 
+def kernel_name(op: OpOverload) -> str:
+    """The name torch.library registers a kernel of `op` under ("add.Tensor", "relu")."""
+    name = op._schema.name.split("::")[1]
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
 def handles(*ops: OpOverload) -> Callable[[Callable], Callable]:
     """Register `fn` as the runtime's own kernel for each op in `ops`."""
 

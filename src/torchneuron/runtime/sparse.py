@@ -13,10 +13,9 @@ from __future__ import annotations
 import torch
 
 from . import cpu_fallback, transfer
-from .plan import COUNTS, Route, plan_for
+from .plan import COUNTS, Route, kernel_name, plan_for
 
 aten = torch.ops.aten
-_SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
 
 # SparseCPU kernels that are device-generic: construction, member access, resizing, and
 # aliasing/copying of the member tensors (which then dispatch as neuron tensors).
@@ -45,7 +44,7 @@ _installed: list = []
 
 def _redispatch(op):
     def kernel(*args, **kwargs):
-        return op.redispatch(_SPARSE_CPU, *args, **kwargs)
+        return op.redispatch(transfer.SPARSE_CPU_KEYS, *args, **kwargs)
 
     return kernel
 
@@ -73,11 +72,6 @@ def _cpu_kernel(op):
     return kernel
 
 
-def _overload_name(op) -> str:
-    name = op._schema.name.split("::")[1]
-    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
-
-
 def _validate_coo_args(indices, values, size, is_coalesced=None, check_pinning=None):
     # torch.sparse_coo_tensor's invariant checks (PyTorch's tests turn them on) read the
     # indices in a DispatchStub kernel that only CPU and CUDA have: check CPU copies.
@@ -89,9 +83,9 @@ def install() -> None:
     if _installed:
         return
     library = torch.library.Library("aten", "IMPL")
-    own = {_overload_name(op) for op in _METADATA_OPS} | {"_copy_from"}
+    own = {kernel_name(op) for op in _METADATA_OPS} | {"_copy_from"}
     for op in _METADATA_OPS:
-        library.impl(_overload_name(op), _redispatch(op), "SparsePrivateUse1")
+        library.impl(kernel_name(op), _redispatch(op), "SparsePrivateUse1")
     library.impl("_copy_from", _copy_from, "SparsePrivateUse1")
     # a composite op: its autograd slot is where a neuron call arrives
     library.impl("_validate_sparse_coo_tensor_args", _validate_coo_args, "AutogradPrivateUse1")
@@ -100,13 +94,11 @@ def install() -> None:
     # (mv into addmv_).
     for qualified in torch._C._dispatch_get_registrations_for_dispatch_key("SparseCPU"):
         namespace, _, name = qualified.partition("::")
-        packet = getattr(getattr(torch.ops, namespace), name.split(".")[0], None)
-        if namespace != "aten" or packet is None:
-            continue
-        overload = name.split(".")[1] if "." in name else "default"
-        op = getattr(packet, overload, None)
-        if op is not None and _overload_name(op) not in own:
-            library.impl(_overload_name(op), _cpu_kernel(op), "SparsePrivateUse1")
+        packet_name, _, overload = name.partition(".")
+        packet = getattr(aten, packet_name, None) if namespace == "aten" else None
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is not None and kernel_name(op) not in own:
+            library.impl(kernel_name(op), _cpu_kernel(op), "SparsePrivateUse1")
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_on_cpu, "SparsePrivateUse1")
     _installed.extend((library, fallback))

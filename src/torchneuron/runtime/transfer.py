@@ -207,7 +207,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 
 # ---- sparse COO tensors (runtime/sparse.py): dense indices and values on either side ------
 
-_SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
+# SparseCPU's kernels, where they are device-generic (runtime/sparse.py)
+SPARSE_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
 
 
 def sparse_to_device(t: torch.Tensor, device) -> torch.Tensor:
@@ -221,6 +222,6 @@ def sparse_to_device(t: torch.Tensor, device) -> torch.Tensor:
 def copy_sparse_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """`dst.copy_(src)` for a sparse neuron `dst`: PyTorch's device-generic sparse copy (it
     resizes dst and takes copies of src's indices and values, moved to dst's device)."""
-    aten.copy_sparse_to_sparse_.default.redispatch(_SPARSE_CPU, dst,
+    aten.copy_sparse_to_sparse_.default.redispatch(SPARSE_CPU_KEYS, dst,
                                                    sparse_to_device(src, dst.device))
 
