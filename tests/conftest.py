@@ -29,6 +29,9 @@ _test_lib.impl("cpu_only_scale", lambda x, s: torch.empty_like(x), "Meta")
 _test_lib.define("cpu_only_scale_(Tensor(a!) x, float s) -> Tensor(a!)")
 _test_lib.impl("cpu_only_scale_", lambda x, s: x.mul_(s), "CPU")
 _test_lib.impl("cpu_only_scale_", lambda x, s: x, "Meta")
+_test_lib.define("cpu_only_mix(Tensor x, Tensor y) -> Tensor")
+_test_lib.impl("cpu_only_mix", lambda x, y: x * 2 + y, "CPU")
+_test_lib.impl("cpu_only_mix", lambda x, y: torch.empty_like(x), "Meta")
 
 
 @pytest.fixture

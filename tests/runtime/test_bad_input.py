@@ -132,3 +132,20 @@ def test_complex_inputs_cpu_refuses_are_refused(call):
         with pytest.raises(type(on_cpu.value)) as on_device:
             call(c.to("neuron"))
         assert str(on_device.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.lerp(torch.ones(3, dtype=torch.int32, device=d), torch.zeros(3, dtype=torch.int32, device=d), 0.5),
+    lambda d: torch.baddbmm(*(torch.ones(2, 2, 2, dtype=torch.bool, device=d),) * 3),
+    lambda d: torch.cumsum(torch.ones(3, dtype=torch.bool, device=d), 0, dtype=torch.bool),
+    lambda d: torch.nn.functional.logsigmoid(torch.ones(3, dtype=torch.int32, device=d)),
+], ids=["lerp_int", "baddbmm_bool", "cumsum_to_bool", "logsigmoid_int"])
+def test_integer_and_bool_inputs_cpu_has_no_kernel_for_are_refused(call):
+    # test_ops test_dtypes: "lerp_kernel_scalar" not implemented for 'Int' and the like; the
+    # lowerings (and decompositions) computed something before.
+    with pytest.raises(NotImplementedError) as on_cpu:
+        call("cpu")
+    for _ in range(2):  # the first call, and one whose verdict is remembered
+        with pytest.raises(NotImplementedError) as on_device:
+            call("neuron")
+        assert str(on_device.value) == str(on_cpu.value)

@@ -37,9 +37,25 @@ def test_zero_dim_cpu_tensor_mixes_like_pytorch():
     torch.testing.assert_close(out.cpu(), torch.arange(3.0) * 2)
 
 
+def test_fallback_refuses_cpu_tensors_as_cuda_does(monkeypatch):
+    # CPU's kernel would take the CPU tensor without a word; CUDA refuses it.
+    monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
+    mix = torch.ops.tn_test.cpu_only_mix.default
+    x = torch.arange(3.0, device=DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            mix(x, torch.ones(3))
+        with pytest.raises(RuntimeError, match="be on the same device"):
+            torch.linalg.lstsq(torch.rand(2, 3, 3, device=DEV), torch.rand(2, 3, 1))
+        out = mix(x, torch.tensor(1.0))  # a 0-dim CPU tensor is a scalar, legal as on CUDA
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), torch.arange(3.0) * 2 + 1)
+
+
 def test_fallback_runs_on_cpu_warns_once_and_counts(monkeypatch):
     monkeypatch.delenv("TORCHNEURON_STRICT", raising=False)
-    cpu_fallback._warned.discard(str(UNLOWERED))
+    cpu_fallback._warned.discard((str(UNLOWERED), None))  # (op, reason): warned once
     before = torchneuron.fallback_ops().get(str(UNLOWERED), 0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -8,6 +8,7 @@ results come back in CPU's layout.
 
 from __future__ import annotations
 
+import concurrent.futures
 import warnings
 from typing import Any
 
@@ -17,6 +18,7 @@ from .. import config
 from . import storage, transfer
 from .meta import callable_for
 from .plan import NEURON, OPT_TENSOR_LIST, TENSOR, TENSOR_LIST, OpPlan
+from .signature import device_mismatch
 
 OpOverload = torch._ops.OpOverload
 
@@ -32,6 +34,8 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = Non
     """Run `plan.op` with CPU's kernel on copies of the arguments; write back what it wrote.
     `reason`: why this call cannot run on the device (default: the op has no lowering)."""
     name = plan.name
+    bound = plan.bind(args, kwargs)
+    check_devices(plan, bound)
     if reason is None:
         refused = f"{name} has no lowering on the neuron device and"
         warned = f"{name} has no lowering on the neuron device; it runs on CPU"
@@ -44,7 +48,6 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = Non
         _warned.add((name, reason))
         warnings.warn(f"torchneuron: {warned} (see torchneuron.fallback_ops())", stacklevel=4)
     originals: dict[int, torch.Tensor] = {}
-    bound = plan.bind(args, kwargs)
     written = {id(t) for i in plan.mutated
                for t in (bound[i] if isinstance(bound[i], list | tuple) else [bound[i]])}
 
@@ -116,6 +119,29 @@ def run_on_cpu(plan: OpPlan, args: tuple, kwargs: dict, reason: str | None = Non
     return back(result)
 
 
+def check_devices(plan: OpPlan, values: list) -> None:
+    """Refuse a CPU tensor among a neuron call's tensor arguments, as CUDA does: CPU's kernel
+    would take it without a word. Legal, as on CUDA: 0-dim CPU tensors (scalars) and the CPU
+    index tensors of advanced indexing (the optional-tensor lists of index/index_put)."""
+    neuron = other = None
+    for kind, value in zip(plan.kinds, values):
+        if kind == TENSOR:
+            items = (value,)
+        elif kind == TENSOR_LIST:
+            items = value
+        else:
+            continue
+        for t in items:
+            if not isinstance(t, torch.Tensor):
+                continue
+            if t.device.type == NEURON:
+                neuron = t
+            elif t.dim() and other is None:
+                other = t.device
+    if neuron is not None and other is not None:
+        raise device_mismatch(other)
+
+
 # ----------------------------------------------------------------------------------------
 # Error replay
 
@@ -167,32 +193,52 @@ def cpu_replica(args: tuple, kwargs: dict, zeros: bool = False) -> tuple[tuple, 
         return None
 
 
-def raise_if_cpu_refuses(op: OpOverload, args: tuple, kwargs: dict) -> None:
+def raise_if_cpu_refuses(op: OpOverload, args: tuple, kwargs: dict) -> bool:
     """Run the call on CPU copies of its arguments (cpu_replica) and let CPU's error, if it
     has one, propagate: for what PyTorch's meta kernels do not check (overlapping writes,
-    the out= dtypes a kernel accepts). Calls too large to copy are let through."""
+    the out= dtypes a kernel accepts). Calls too large to copy are let through (False)."""
     replica = cpu_replica(args, kwargs)
-    if replica is not None:
-        _run_replica(op, *replica)
+    if replica is None:
+        return False
+    _run_replica(op, *replica)
+    return True
 
 
-def raise_if_cpu_refuses_signature(op: OpOverload, args: tuple, kwargs: dict) -> None:
+def raise_if_cpu_refuses_signature(op: OpOverload, args: tuple, kwargs: dict) -> bool:
     """`raise_if_cpu_refuses` for refusals that do not depend on the values (a dtype CPU has
     no kernel for): tried on zeros first, so that nothing is read from the device (no
-    sync); only a call CPU refuses on zeros is run again on copies of the real values."""
+    sync); only a call CPU refuses on zeros is run again on copies of the real values.
+    True when CPU ran the call (it has a kernel for these dtypes)."""
     replica = cpu_replica(args, kwargs, zeros=True)
     if replica is None:
-        return
+        return False
     try:
         _run_replica(op, *replica)
     except Exception:  # noqa: BLE001  (CPU's verdict on the real values decides)
-        raise_if_cpu_refuses(op, args, kwargs)
+        return raise_if_cpu_refuses(op, args, kwargs)
+    return True
 
 
 def _run_replica(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    # On a thread of its own: PyTorch's C++ warnings (TORCH_WARN) are buffered per thread
+    # until the outermost op call returns, which would show the replica's warnings to the
+    # user after the device's own (a second "An output ... was resized", a second
+    # deprecation). On the worker they are shown, and dropped, while the replica runs.
+    global _REPLICA_WORKER
+    if _REPLICA_WORKER is None:
+        _REPLICA_WORKER = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="torchneuron-cpu-replica")
+    return _REPLICA_WORKER.submit(_run_quietly, callable_for(op, args, kwargs), args,
+                                  kwargs).result()
+
+
+_REPLICA_WORKER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _run_quietly(fn, args: tuple, kwargs: dict) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return callable_for(op, args, kwargs)(*args, **kwargs)
+        return fn(*args, **kwargs)
 
 
 def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
@@ -201,18 +247,27 @@ def raise_as_on_cpu(op: OpOverload, args: tuple, kwargs: dict, err: Exception):
     kernels and JAX's shape checks raise other types than CPU's kernels for the same bad call
     (AssertionError, IndexError, TypeError for CPU's RuntimeError, ...); on this error path
     the call is re-run on CPU copies of its inputs."""
+    cpu_err = cpu_error(op, args, kwargs)
+    if cpu_err is not None and (type(cpu_err) is not type(err) or raised_by_torch_python(err)):
+        raise cpu_err from err
+    raise err
+
+
+def cpu_error(op: OpOverload, args: tuple, kwargs: dict) -> Exception | None:
+    """The exception CPU's kernel raises for this call on copies of its arguments; None when
+    it raises none, or when the arguments cannot be copied (too large, values lost with a
+    trace that failed, inputs CPU cannot hold)."""
     try:
         replica = cpu_replica(args, kwargs)
-    except Exception:  # noqa: BLE001  (inputs CPU cannot hold)
+    except Exception:  # noqa: BLE001  (see the docstring)
         replica = None
     if replica is None:
-        raise err
+        return None
     try:
         _run_replica(op, *replica)
-    except Exception as cpu_err:
-        if type(cpu_err) is not type(err) or raised_by_torch_python(err):
-            raise cpu_err from err
-    raise err
+    except Exception as cpu_err:  # noqa: BLE001  (whatever CPU raises is its answer)
+        return cpu_err
+    return None
 
 
 def raised_by_torch_python(err: Exception) -> bool:

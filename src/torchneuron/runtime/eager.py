@@ -13,13 +13,14 @@ from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import index_exception
 from . import _native, executable, fusion, rng, signature, storage, strided
 from .cpu_fallback import (
+    cpu_error,
     raise_as_on_cpu,
     raise_if_cpu_refuses,
     raise_if_cpu_refuses_signature,
     run_on_cpu,
 )
 from .meta import flatten_results, meta_outputs
-from .plan import COUNTS, GENERATOR, NEURON, STATIC, OpPlan, Route, plan_for
+from .plan import COUNTS, GENERATOR, NEURON, SCALAR, STATIC, OpPlan, Route, plan_for
 
 OpOverload = torch._ops.OpOverload
 
@@ -41,11 +42,8 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     cache_key = (key, torch.get_default_dtype())
     ex = plan.cache.get(cache_key)
     if ex is None:
-        if not lowering.rng and _has_complex_tensor(values):
-            # Many CPU kernels refuse complex inputs (sort, max, clamp, sign, ...) where a
-            # lowering would order or round the values: a new signature with a complex
-            # tensor asks CPU once, as the meta kernels do not check this.
-            raise_if_cpu_refuses_signature(plan.op, args, kwargs)
+        if not lowering.rng:
+            _raise_if_cpu_lacks_kernel(plan, values, args, kwargs)
         try:
             out_dtypes = (_out_dtypes(plan, values, args, kwargs)
                           if plan.out_args and plan.lowering is None else None)
@@ -95,7 +93,9 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
         if ex.index_error is not None:
             *results, bad = results
             if bool(bad):
-                raise index_exception(ex.index_error)
+                error = index_exception(ex.index_error)
+                site = f" (in {plan.op}, called at {fusion.user_site()})"  # as a trace says
+                _raise_check_failed(plan, args, kwargs, type(error)(f"{error}{site}"), site)
     # The C++ fast path would call it without its warnings.
     executable._LAST[0] = (plan, ex) if plan.reusable(values) and not ex.warnings else None
     num_fresh = len(results) - len(ex.writes)
@@ -109,19 +109,60 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
         fresh_meta, outputs = executable.dynamic_layout(list(outputs), lowering)
     returned = executable.assemble_returns(plan, fresh_meta, values, outputs)
     if recording and ex.index_error is not None:
-        fusion.flush()  # an op that checks its indices ends the trace: its error is raised here
+        try:
+            fusion.flush()  # an op that checks its indices ends the trace: its error is raised here
+        except type(index_exception(ex.index_error)) as err:
+            # The trace's message ends naming the op and the user's line: kept.
+            site = str(err).removeprefix(str(index_exception(ex.index_error)))
+            _raise_check_failed(plan, args, kwargs, err, site)
     return returned
 
 
-def _has_complex_tensor(values: list) -> bool:
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            if value.is_complex():
-                return True
-        elif isinstance(value, list | tuple) and any(
-                isinstance(v, torch.Tensor) and v.is_complex() for v in value):
-            return True
-    return False
+def _raise_check_failed(plan: OpPlan, args: tuple, kwargs: dict, err: Exception,
+                        site: str = ""):
+    """A lowering's value check failed: raise CPU's error for the call where CPU refuses
+    copies of its arguments, as CPU words it (the index out of range, the singular matrix's
+    element), else `err`. `site` is appended to CPU's message."""
+    cpu_err = cpu_error(plan.op, args, kwargs)
+    if cpu_err is None:
+        raise err
+    try:
+        worded = type(cpu_err)(f"{cpu_err}{site}") if site else cpu_err
+    except Exception:  # noqa: BLE001  (an exception type that takes other arguments)
+        worded = cpu_err
+    raise worded from err
+
+
+# (op, tensor dtypes, scalar types, dtype/str/bool static arguments, default dtype) that CPU
+# has a kernel for.
+_CPU_KERNEL_EXISTS: set[tuple] = set()
+
+
+def _raise_if_cpu_lacks_kernel(plan: OpPlan, values: list, args: tuple, kwargs: dict) -> None:
+    """CPU kernels refuse some dtypes ("lerp_kernel_scalar" not implemented for 'Int'; sort,
+    max, clamp of complex) where a lowering would compute something, and meta kernels do not
+    check this. A new signature with a complex, integer or bool tensor asks CPU (on zeros:
+    raise_if_cpu_refuses_signature), once per op and dtypes."""
+    dtypes = []
+    unusual = False
+    for kind, value in zip(plan.kinds, values):
+        items = value if isinstance(value, list | tuple) else (value,)
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                dtype = item.dtype
+                dtypes.append(dtype)
+                unusual = unusual or not dtype.is_floating_point
+            elif kind == STATIC and isinstance(item, torch.dtype | str | bool):
+                dtypes.append(item)
+            elif kind == SCALAR and item is not None:
+                dtypes.append(type(item))
+    if not unusual:
+        return
+    probe = (plan.op, tuple(dtypes), torch.get_default_dtype())
+    if probe in _CPU_KERNEL_EXISTS:
+        return
+    if raise_if_cpu_refuses_signature(plan.op, args, kwargs):
+        _CPU_KERNEL_EXISTS.add(probe)
 
 
 def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable, values: list,
@@ -197,6 +238,7 @@ def run_decomposition(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
         out = plan.bind(args, kwargs)[i]
         if isinstance(out, torch.Tensor) and out.device.type != NEURON:
             raise signature.device_mismatch(out.device)
+    _raise_if_cpu_lacks_kernel(plan, plan.bind(args, kwargs), args, kwargs)
     decomposing.add(plan.op)
     try:
         return plan.decomposition(*args, **kwargs)

@@ -164,7 +164,7 @@ def arguments_key(plan: OpPlan, values: list) -> tuple[tuple, list]:
 def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
     key = []
     inputs: list = []
-    for kind, value in zip(plan.kinds, values):
+    for i, (kind, value) in enumerate(zip(plan.kinds, values)):
         if kind == STATIC:
             key.append(hashable(value))
         elif kind == GENERATOR:
@@ -178,7 +178,10 @@ def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
                 key.append(type(value))
                 inputs.append(value)
         elif kind == TENSOR:
-            key.append(None if value is None else tensor_key(value, inputs))
+            tkey = None if value is None else tensor_key(value, inputs)
+            if tkey is not None and tkey[0] == HOST and i in plan.mutated:
+                raise device_mismatch(value.device)  # a 0-dim CPU tensor is no place to write
+            key.append(tkey)
         elif kind == OPT_TENSOR_LIST:  # the indices of index/index_put
             key.append(tuple(None if v is None else tensor_key(_index_on_device(v), inputs)
                              for v in value))
