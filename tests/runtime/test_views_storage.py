@@ -122,6 +122,22 @@ def test_view_dtype_reinterprets_bytes():
     torch.testing.assert_close(dev.view(torch.uint8).cpu(), cpu.view(torch.uint8))
 
 
+def test_bool_view_of_bytes_above_one_reads_as_cpu_does():
+    # test_ops test_non_standard_bool_values: a bool view of uint8 values 2..255 reached XLA
+    # as predicates other than 0/1, and maximum/heaviside/fftshift gave other values than CPU.
+    def run(device):
+        raw = torch.tensor([0, 37, 1, 200, 0, 2], dtype=torch.uint8, device=device)
+        flags = raw.view(torch.bool)
+        other = torch.tensor([True, False, True, True, False, False], device=device)
+        results = (torch.maximum(flags, other), flags & other, torch.heaviside(flags, other),
+                   flags.sum(), torch.where(flags, 1.0, 0.0))
+        kept = raw.clone()  # the bytes stay readable through the uint8 tensor
+        return [r.cpu() for r in results] + [kept.cpu()]
+
+    for cpu, dev in zip(run("cpu"), run(DEV)):
+        torch.testing.assert_close(dev, cpu)
+
+
 def test_complex_views():
     cpu = torch.randn(3, 2)
     dev = cpu.to(DEV)

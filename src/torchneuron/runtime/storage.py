@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gc
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -279,9 +280,26 @@ def storage_buffer(storage, dtype: torch.dtype, reader: torch.Tensor | None = No
     if buf is None:
         buf = _zeros(payload.nbytes // dtype.itemsize, dtype)
     else:
-        buf = reinterpret(buf, payload.dtype, dtype)
+        source = _BOOL_VIEW_SOURCES.pop(payload, None)
+        if source is not None and source[0] is buf and source[2] is dtype:
+            new = source[1]  # the bytes a bool view normalized, not written since
+        else:
+            new = reinterpret(buf, payload.dtype, dtype)
+        if dtype is torch.bool and payload.dtype is not torch.bool:
+            # XLA's predicates are 0 or 1; CPU reads any nonzero byte of a bool view of other
+            # data as True. The bytes themselves stay readable through the other dtype.
+            normalized = jax.device_put(np.asarray(jax.device_get(new)).view(np.uint8) != 0,
+                                        platform.jax_device(0))
+            _BOOL_VIEW_SOURCES[payload] = (normalized, buf, payload.dtype)
+            new = normalized
+        buf = new
     payload.buf, payload.dtype = buf, dtype
     return buf
+
+
+# payload -> (the normalized bool buffer, the buffer it was made from, that buffer's dtype),
+# for a bool view of other bytes (`x.view(torch.bool)` of uint8 values above 1).
+_BOOL_VIEW_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _zeros(count: int, dtype: torch.dtype) -> jax.Array:
