@@ -504,10 +504,63 @@ def test_a_bool_operand_keeps_nan_and_inf(call):
 
 def test_inv_ex_check_errors_raises_linalg_error():
     # test_linalg test_inv_ex_singular: RuntimeError where CPU raises torch.linalg.LinAlgError
-    # (a subclass); the message still lacks CPU's element number (a value the check flag
-    # does not carry).
-    a = torch.eye(3)
+    # (a subclass), then CPU's type without its element number: a failed value check now
+    # raises CPU's own error for the call, worded as CPU words it.
+    a = torch.eye(3, dtype=torch.float64)
     a[-1, -1] = 0
     assert torch.linalg.inv_ex(a.to(DEV)).info.item() == torch.linalg.inv_ex(a).info.item() == 3
-    with pytest.raises(torch.linalg.LinAlgError, match="could not be completed"):
+    with pytest.raises(torch.linalg.LinAlgError, match="diagonal element 3 is zero"):
         torch.linalg.inv_ex(a.to(DEV), check_errors=True)
+    batch = torch.eye(3, dtype=torch.float64).repeat(5, 1, 1)
+    batch[3, -2, -2] = 0
+    with pytest.raises(torch.linalg.LinAlgError,
+                       match=r"\(Batch element 3\): The diagonal element 2 is zero"):
+        torch.linalg.inv_ex(batch.to(DEV), check_errors=True)
+
+
+def test_a_failed_index_check_raises_cpus_message_and_names_the_call():
+    x = torch.arange(6.0).reshape(2, 3)
+    index = torch.tensor([[0, 5]])
+    with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 0 with size 2"):
+        torch.gather(x, 0, index)
+    with pytest.raises(RuntimeError, match=r"index 5 is out of bounds for dimension 0 with size 2"
+                                           r" \(in aten.gather.default, called at .*\.py"):
+        torch.gather(x.to(DEV), 0, index.to(DEV))
+
+
+def test_group_norm_of_an_empty_batch():
+    # test_ops test_numpy_ref_nn_functional_group_norm: reshape(N, group, -1) of N = 0
+    # raised ZeroDivisionError.
+    x = torch.zeros(0, 2, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(2, dtype=torch.float64)
+    expected = torch.nn.functional.group_norm(x, 1, w, b)
+    xd = x.detach().to(DEV).requires_grad_()
+    wd = w.detach().to(DEV).requires_grad_()
+    out = torch.nn.functional.group_norm(xd, 1, wd, b.to(DEV))
+    assert out.shape == expected.shape
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(wd.grad.cpu(), w.grad)
+    assert xd.grad.shape == x.shape
+
+
+def test_complex_pow_of_large_values_as_cpu():
+    # test_binary_ufuncs reference_numerics_large (pow, float_power): XLA's complex power
+    # squares |x| first and overflowed to NaN; CPU runs its sqrt/product/reciprocal kernels
+    # for the exponents 0.5, 2, 3, -0.5, -1, -2 (0 and 1 fill and copy) and exp(y log x)
+    # otherwise, with 0 for a zero base when Re(y) > 0.
+    # (Not 2 or 3 at values whose square overflows: CPU's vectorized and scalar complex
+    # products differ there, by the element's position in the tensor.)
+    parts = [0.0, 2.5, -2.5, 1e10, 1e19, -1e19, 1e20]
+    x = torch.tensor([complex(a, b) for a in parts for b in parts], dtype=torch.complex64)
+    for exponent in (0.0, 1.0, 0.5, 1.5, 2 + 1j):  # parts compared apart: inf - inf is NaN
+        torch.testing.assert_close(torch.view_as_real(torch.pow(x.to(DEV), exponent).cpu()),
+                                   torch.view_as_real(torch.pow(x, exponent)),
+                                   equal_nan=True, rtol=1e-4, atol=0)
+    small = x[x.abs() < 1e11]
+    torch.testing.assert_close(torch.pow(small.to(DEV), 2.0).cpu(), torch.pow(small, 2.0))
+    y = (x.flip(0) * 1e-19).to(torch.complex128)
+    x = x.to(torch.complex128)
+    torch.testing.assert_close(torch.pow(x.to(DEV), y.to(DEV)).cpu(), torch.pow(x, y),
+                               equal_nan=True)

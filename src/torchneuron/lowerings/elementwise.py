@@ -305,11 +305,44 @@ def pow_refused(self, exponent):
     raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
+# CPU's complex pow to these Python-number exponents runs its own kernels (fill, copy, sqrt,
+# products, reciprocal) instead of std::pow; they differ where values overflow.
+_COMPLEX_POWERS = (
+    (0.0, jnp.ones_like), (1.0, lambda x: x), (0.5, jnp.sqrt), (2.0, lambda x: x * x), (3.0, lambda x: x * x * x), (-0.5, lax.rsqrt),
+    (-1.0, lambda x: 1 / x), (-2.0, lambda x: 1 / (x * x)),
+)
+
+
 @lowers(aten.pow.Tensor_Scalar, promote=Promotion.DEFAULT, only_when=_power_allowed,
         signature_decides=_not_integer_base)
+def pow_tensor_scalar(x, y):
+    if not jnp.iscomplexobj(x):
+        return pow_(x, y)
+    result = _complex_pow(x, y)
+    for value, special in reversed(_COMPLEX_POWERS):  # y is traced: choose by value
+        result = jnp.where(y == value, special(x), result)
+    return result
+
+
+def _complex_pow(x, y):
+    # CPU's std::pow of complex numbers is exp(y * log(x)) (glibc's cpow). XLA's complex
+    # power squares |x| first, which overflows for large finite x.
+    # At x = 0, C's complex product and exp (Annex G) make log(0) = -inf give 0 for
+    # Re(y) > 0 and (inf, nan) for Re(y) < 0, where XLA's give NaN.
+    x = jnp.asarray(x)
+    dtype = jnp.result_type(x, y)
+    general = jnp.exp(y * jnp.log(x)).astype(dtype)
+    re_y = jnp.real(y)
+    at_zero = jnp.where(re_y > 0, jnp.zeros((), dtype),
+                        lax.complex(jnp.inf, jnp.nan).astype(dtype))
+    return jnp.where((x == 0) & (re_y != 0), at_zero, general)
+
+
 @lowers(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote=Promotion.DEFAULT)
 def pow_(x, y):
     x = jnp.asarray(x)
+    if jnp.iscomplexobj(x) or jnp.iscomplexobj(jnp.asarray(y)):
+        return _complex_pow(x, y)
     if jnp.asarray(y).dtype == jnp.bool_:  # a bool exponent is 0 or 1: x or 1, in x's dtype
         return jnp.where(y, x, jnp.ones_like(x))
     y_integer = isinstance(y, int) or (not isinstance(y, float)

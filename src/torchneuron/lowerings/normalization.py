@@ -260,7 +260,8 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 @lowers(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     x = upcast_half(input)
-    xg = x.reshape(N, group, -1)
+    group_size = C // group * HxW  # explicit: -1 cannot be inferred for an empty batch
+    xg = x.reshape(N, group, group_size)
     mean = jnp.mean(xg, axis=2)
     var = jnp.mean(jnp.square(xg - mean[..., None]), axis=2)
     rstd = lax.rsqrt(var + eps)
@@ -278,8 +279,8 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
                                output_mask):
     g, x = upcast_half(grad_out), upcast_half(input)
     mean, rstd = upcast_half(mean), upcast_half(rstd)
-    g3 = g.reshape(N, C, -1)
-    x3 = x.reshape(N, C, -1)
+    g3 = g.reshape(N, C, HxW)
+    x3 = x.reshape(N, C, HxW)
     cpg = C // group
     mean_c = jnp.repeat(mean, cpg, axis=1)[..., None]
     rstd_c = jnp.repeat(rstd, cpg, axis=1)[..., None]
@@ -287,8 +288,8 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         gx = g3 if weight is None else g3 * upcast_half(weight)[None, :, None]
-        gxg = gx.reshape(N, group, -1)
-        xhg = xhat.reshape(N, group, -1)
+        gxg = gx.reshape(N, group, cpg * HxW)
+        xhg = xhat.reshape(N, group, cpg * HxW)
         a = jnp.mean(gxg, axis=2, keepdims=True)
         b = jnp.mean(gxg * xhg, axis=2, keepdims=True)
         gi = (gxg - a - xhg * b) * rstd[..., None]
