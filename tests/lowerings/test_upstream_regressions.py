@@ -564,3 +564,17 @@ def test_complex_pow_of_large_values_as_cpu():
     x = x.to(torch.complex128)
     torch.testing.assert_close(torch.pow(x.to(DEV), y.to(DEV)).cpu(), torch.pow(x, y),
                                equal_nan=True)
+
+
+def test_real_division_into_a_complex_out():
+    # test_binary_ufuncs test_type_promotion_floor_divide: floats into a complex out= were
+    # computed in complex arithmetic (TypeError from floor); CPU computes in the inputs'
+    # dtype and casts.
+    a = torch.tensor([5.5, -7.0, 3.25])
+    b = torch.tensor([2.0, 2.0, -0.5], dtype=torch.float64)
+    for op in (torch.floor_divide, torch.remainder, torch.atan2):
+        for dtype in (torch.complex64, torch.complex128):
+            expected = op(a, b, out=torch.empty(3, dtype=dtype))
+            out = torch.empty(3, dtype=dtype, device=DEV)
+            op(a.to(DEV), b.to(DEV), out=out)
+            torch.testing.assert_close(out.cpu(), expected)

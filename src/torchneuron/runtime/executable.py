@@ -182,7 +182,11 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
                                         promotion_operands(plan, metas, include_out=False))
         if compute_dtype is not None and (compute_dtype.is_floating_point
                                           or compute_dtype.is_complex):
-            compute_dtype = promotion_dtype(lowering.promote, promotion_operands(plan, metas))
+            wider = promotion_dtype(lowering.promote, promotion_operands(plan, metas))
+            # Not complex for real operands: a complex out= holds the real result (floor
+            # division of floats into complex64), which complex arithmetic cannot compute.
+            if wider is not None and (compute_dtype.is_complex or not wider.is_complex):
+                compute_dtype = wider
     # In-place and out= variants run the functional lowering, which returns the new values
     # outputs first; a lowering of this very overload returns them in schema order.
     slots = write_slots(plan, values, plan.mutated if direct else plan.write_order)
