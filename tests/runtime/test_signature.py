@@ -66,3 +66,18 @@ def test_cpu_scalars_are_accepted(fn):
 def test_other_cpu_tensors_are_refused_as_on_cuda(fn):
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         fn(torch.arange(5.0, device=DEV))
+
+
+def test_a_0dim_cpu_tensor_promotes_apart_from_a_python_number():
+    # test_binary_ufuncs test_type_promotion: after `x * 1.0` (a wrapped number, float64 in
+    # C++), `x * torch.tensor(2.0, dtype=float64)` hit the same fast-path executable and
+    # came back float32 instead of float64.
+    for op in (torch.mul, torch.floor_divide):
+        x = torch.ones(5, dtype=torch.int64)
+        others = [lambda: 1.0, lambda: torch.tensor(2.0),
+                  lambda: torch.tensor(2.0, dtype=torch.float64)] * 2
+        for other in others:
+            expected = op(x, other())
+            result = op(x.to(DEV), other())
+            assert result.dtype == expected.dtype
+            torch.testing.assert_close(result.cpu(), expected)

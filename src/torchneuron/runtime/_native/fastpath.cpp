@@ -625,6 +625,9 @@ bool describe_call(const OpEntry& entry, const c10::IValue* args, Key& key,
               !t.is_neg()) {
             key.push_back(TAG_HOST);
             key.push_back(static_cast<int64_t>(t.scalar_type()));
+            // A wrapped Python number (`x * 2.0`) promotes as a number, a 0-dim tensor of the
+            // same dtype as a tensor (int64 * tensor(2.0, float64) is float64).
+            key.push_back(t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0);
             inputs.push_back(host_scalar(t));
             break;
           }
