@@ -578,3 +578,21 @@ def test_real_division_into_a_complex_out():
             out = torch.empty(3, dtype=dtype, device=DEV)
             op(a.to(DEV), b.to(DEV), out=out)
             torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_exp2_is_exact_at_whole_numbers():
+    # test_ops test_python_ref__refs_logspace uint8: refs.pow(2, x) is exp2(x), and XLA's
+    # exp(x * ln 2) gave 15.999999999999998 for 2**4, which the uint8 cast truncated to 15.
+    for dtype in (torch.float32, torch.float64):
+        x = torch.arange(-120.0, 120.0, dtype=dtype)
+        assert torch.equal(torch.exp2(x.to(DEV)).cpu(), torch.exp2(x))
+        frac = torch.linspace(-20, 20, 97, dtype=dtype)
+        torch.testing.assert_close(torch.exp2(frac.to(DEV)).cpu(), torch.exp2(frac))
+    special = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e10, -1e10])
+    torch.testing.assert_close(torch.exp2(special.to(DEV)).cpu(), torch.exp2(special),
+                               equal_nan=True)
+    from torch._prims.context import TorchRefsMode
+
+    with TorchRefsMode():
+        result = torch._refs.logspace(0, 4, 2, 2.0, dtype=torch.uint8, device=DEV)
+    assert result.cpu().tolist() == [1, 16]

@@ -38,6 +38,20 @@ def _erfinv(x):
     return jax.scipy.special.erfinv(x)
 
 
+def _exp2(x):
+    """2**x exact at whole x, as CPU's exp2: XLA computes exp(x * ln 2), which gives
+    15.999999999999998 for 2**4 (and logspace's integer results truncate it to 15)."""
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype in (jnp.float16, jnp.bfloat16):
+        return jnp.exp2(x)  # complex; half types (computed in float32 and rounded)
+    whole = jnp.round(x)
+    finite = jnp.isfinite(x)
+    # |x| beyond the exponent range saturates to inf or 0 all the same
+    limit = 2 * jnp.finfo(x.dtype).maxexp
+    n = jnp.clip(jnp.where(finite, whole, 0), -limit, limit).astype(jnp.int32)
+    exact = jnp.ldexp(jnp.exp2(x - whole), n)
+    return jnp.where(finite, exact, jnp.exp2(x))
+
+
 def _unary(op_packet, fn, promote=Promotion.INT_TO_FLOAT, overloads=("default",)):
     ops = [getattr(op_packet, o) for o in overloads]
     lowers(*ops, promote=promote)(lambda x: fn(x))
@@ -45,7 +59,7 @@ def _unary(op_packet, fn, promote=Promotion.INT_TO_FLOAT, overloads=("default",)
 
 # ---- unary float math ------------------------------------------------------------------
 for _name, _fn in {
-    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
+    "exp": jnp.exp, "exp2": lambda x: _exp2(x), "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
     "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
     "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
