@@ -113,8 +113,8 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
             fusion.flush()  # an op that checks its indices ends the trace: its error is raised here
         except type(index_exception(ex.index_error)) as err:
             # The trace's message ends naming the op and the user's line: kept.
-            site = str(err).removeprefix(str(index_exception(ex.index_error)))
-            _raise_check_failed(plan, args, kwargs, err, site)
+            plain = str(index_exception(ex.index_error))
+            _raise_check_failed(plan, args, kwargs, err, str(err).removeprefix(plain))
     return returned
 
 

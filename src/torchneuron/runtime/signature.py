@@ -179,7 +179,7 @@ def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
                 inputs.append(value)
         elif kind == TENSOR:
             tkey = None if value is None else tensor_key(value, inputs)
-            if tkey is not None and tkey[0] == HOST and i in plan.mutated:
+            if tkey is not None and tkey[0] is HOST and i in plan.mutated:
                 raise device_mismatch(value.device)  # a 0-dim CPU tensor is no place to write
             key.append(tkey)
         elif kind == OPT_TENSOR_LIST:  # the indices of index/index_put
