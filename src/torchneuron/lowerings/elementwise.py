@@ -59,7 +59,7 @@ def _unary(op_packet, fn, promote=Promotion.INT_TO_FLOAT, overloads=("default",)
 
 # ---- unary float math ------------------------------------------------------------------
 for _name, _fn in {
-    "exp": jnp.exp, "exp2": lambda x: _exp2(x), "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
+    "exp": jnp.exp, "exp2": _exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
     "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
     "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
@@ -322,8 +322,9 @@ def pow_refused(self, exponent):
 # CPU's complex pow to these Python-number exponents runs its own kernels (fill, copy, sqrt,
 # products, reciprocal) instead of std::pow; they differ where values overflow.
 _COMPLEX_POWERS = (
-    (0.0, jnp.ones_like), (1.0, lambda x: x), (0.5, jnp.sqrt), (2.0, lambda x: x * x), (3.0, lambda x: x * x * x), (-0.5, lax.rsqrt),
-    (-1.0, lambda x: 1 / x), (-2.0, lambda x: 1 / (x * x)),
+    (0.0, jnp.ones_like), (1.0, lambda x: x), (0.5, jnp.sqrt), (2.0, lambda x: x * x),
+    (3.0, lambda x: x * x * x), (-0.5, lax.rsqrt), (-1.0, lambda x: 1 / x),
+    (-2.0, lambda x: 1 / (x * x)),
 )
 
 

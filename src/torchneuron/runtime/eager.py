@@ -234,11 +234,12 @@ def _generator_arg(plan: OpPlan, values: list):
 
 def run_decomposition(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     """The op's decomposition (the project's, else PyTorch's) on the device."""
+    values = plan.bind(args, kwargs)
     for i in plan.out_args:
-        out = plan.bind(args, kwargs)[i]
+        out = values[i]
         if isinstance(out, torch.Tensor) and out.device.type != NEURON:
             raise signature.device_mismatch(out.device)
-    _raise_if_cpu_lacks_kernel(plan, plan.bind(args, kwargs), args, kwargs)
+    _raise_if_cpu_lacks_kernel(plan, values, args, kwargs)
     decomposing.add(plan.op)
     try:
         return plan.decomposition(*args, **kwargs)

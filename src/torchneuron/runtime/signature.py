@@ -164,7 +164,8 @@ def arguments_key(plan: OpPlan, values: list) -> tuple[tuple, list]:
 def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
     key = []
     inputs: list = []
-    for i, (kind, value) in enumerate(zip(plan.kinds, values)):
+    host = False  # a 0-dim CPU tensor among the tensors (then no written argument may be one)
+    for kind, value in zip(plan.kinds, values):
         if kind == STATIC:
             key.append(hashable(value))
         elif kind == GENERATOR:
@@ -179,14 +180,17 @@ def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
                 inputs.append(value)
         elif kind == TENSOR:
             tkey = None if value is None else tensor_key(value, inputs)
-            if tkey is not None and tkey[0] is HOST and i in plan.mutated:
-                raise device_mismatch(value.device)  # a 0-dim CPU tensor is no place to write
+            host = host or (tkey is not None and tkey[0] is HOST)
             key.append(tkey)
         elif kind == OPT_TENSOR_LIST:  # the indices of index/index_put
             key.append(tuple(None if v is None else tensor_key(_index_on_device(v), inputs)
                              for v in value))
         else:
             key.append(tuple(None if v is None else tensor_key(v, inputs) for v in value))
+    if host:
+        for i in plan.mutated:  # a 0-dim CPU tensor is no place to write (out=, self)
+            if isinstance(values[i], torch.Tensor) and values[i].device.type != NEURON:
+                raise device_mismatch(values[i].device)
     return tuple(key), inputs
 
 
