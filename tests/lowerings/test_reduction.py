@@ -451,6 +451,17 @@ def test_unique(dtype):
     check(lambda t: torch.unique(t, return_inverse=True, return_counts=True), x)
 
 
+
+def test_unique_keeps_each_nan_and_handles_empty_and_scalars():
+    # CPU: NaN never equals NaN, so each NaN is its own value (jnp.unique merges them).
+    nan = float("nan")
+    x = torch.tensor([nan, 1.0, nan, -0.0, 0.0, 1.0])
+    values, counts = torch.unique(x.to(DEV), return_counts=True)
+    assert values.shape == (4,) and counts.cpu().tolist() == [2, 2, 1, 1]
+    assert torch.equal(values[:2].cpu(), torch.tensor([0.0, 1.0])) and values[2:].isnan().all()
+    for t in (torch.tensor(3), torch.tensor([]), torch.zeros(0, 3, dtype=torch.int8)):
+        check(lambda a: torch.unique(a, return_inverse=True, return_counts=True), t)
+
 def test_histc():
     x = _data(torch.float32, (50,))
     check(lambda t: (torch.histc(t), torch.histc(t, bins=7, min=-1, max=1)), x,

@@ -603,16 +603,34 @@ def bincount(x, weights=None, minlength=0):
     return jnp.bincount(x, weights.astype(jnp.float64), length=length).astype(dtype)
 
 
+@jax.jit
+def _unique_padded(flat):
+    """Sorted unique values of a non-empty 1-d array padded to its length, with inverse,
+    counts and the number of values: one executable per input shape (jnp.unique outside jit
+    dispatches a dozen ops, each compiled per shape). NaN never equals NaN, as on CPU."""
+    n = flat.shape[0]
+    order = jnp.argsort(flat, stable=True)
+    ordered = flat[order]
+    starts = jnp.concatenate([jnp.ones((1,), bool), ordered[1:] != ordered[:-1]])
+    group = (jnp.cumsum(starts) - 1).astype(INDEX)
+    inverse = jnp.zeros((n,), INDEX).at[order].set(group)
+    counts = jnp.zeros((n,), INDEX).at[group].add(1)
+    values = jnp.zeros_like(ordered).at[jnp.where(starts, group, n)].set(ordered, mode="drop")
+    return values, inverse, counts, group[-1] + 1
+
+
 @lowers(aten._unique2.default, jit=False)
 def unique2(x, sorted=True, return_inverse=False, return_counts=False):
-    values, inverse, counts = jnp.unique(
-        x.reshape(-1), return_inverse=True, return_counts=True
-    )
     empty = jnp.zeros((0,), INDEX)
+    if x.size == 0:
+        return x.reshape(0), empty.reshape(x.shape) if return_inverse else empty, empty
+    values, inverse, counts, number = _unique_padded(x.reshape(-1))
+    # The prefix is cut on the host: a device slice would compile once per (length, count).
+    number = int(number)
     return (
-        values,
-        inverse.reshape(x.shape).astype(INDEX) if return_inverse else empty,
-        counts.astype(INDEX) if return_counts else empty,
+        jnp.asarray(np.asarray(values)[:number]),
+        inverse.reshape(x.shape) if return_inverse else empty,
+        jnp.asarray(np.asarray(counts)[:number]) if return_counts else empty,
     )
 
 
