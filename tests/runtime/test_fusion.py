@@ -11,11 +11,13 @@ import sys
 import textwrap
 import warnings
 
+import jax
+import numpy as np
 import pytest
 import torch
 
 import torchneuron
-from torchneuron.runtime import _native, fusion, plan
+from torchneuron.runtime import _native, fusion, plan, storage
 
 pytestmark = pytest.mark.skipif(not fusion.recording() and fusion.Pending is None,
                                 reason="fusion needs the C++ library, which this process could not build")
@@ -443,3 +445,47 @@ def test_a_cast_on_the_device_is_recorded_and_keeps_cpu_layouts(fused):
         assert (got.dtype, got.shape, got.stride()) == (expected.dtype, expected.shape,
                                                         expected.stride())
         assert torch.equal(got.cpu(), expected)
+
+
+def _record_into(tensor: torch.Tensor, fn, *inputs: torch.Tensor) -> None:
+    """Record `fn` (a stand-in for an op's executable) reading `inputs`, its result stored
+    as `tensor`'s value."""
+    bufs = tuple(storage.storage_buffer(t.untyped_storage(), t.dtype, t) for t in inputs)
+    (result,) = fusion.record(fn, bufs, 1, None)
+    storage.set_storage_buffer(tensor.untyped_storage(), result, tensor.dtype)
+
+
+def test_a_failing_op_keeps_the_values_before_it_and_names_its_error(fused):
+    # One op that fails when its trace runs must not take the other ops' values with it, and
+    # a value it was to compute raises that op's error when read (not "lost" or zeros).
+    def broken(a):
+        raise ValueError("broken lowering")
+
+    fusion.flush()
+    y = torch.arange(4.0, device=DEV) + 1
+    z = torch.empty(4, device=DEV)
+    _record_into(z, broken, y)
+    with pytest.raises(ValueError, match="broken lowering"):
+        fusion.flush()
+    assert y.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(RuntimeError, match="never computed.*ValueError: broken lowering"):
+        z.cpu()
+
+
+def test_a_fused_program_that_fails_runs_its_ops_one_by_one(fused):
+    # An executable that runs by itself but not inside a traced program (here: it reads its
+    # input on the host) gives its value through the op-by-op retry, with a warning.
+    def host_only(a):
+        return (jax.numpy.asarray(np.asarray(a) * 2),)
+
+    fusion.flush()
+    y = torch.arange(4.0, device=DEV) + 1
+    z = torch.empty(4, device=DEV)
+    _record_into(z, host_only, y)
+    w = z + 1
+    before = torchneuron.fusion_stats()["salvaged"]
+    with pytest.warns(RuntimeWarning, match="ran one by one"):
+        fusion.flush()
+    assert torchneuron.fusion_stats()["salvaged"] == before + 1
+    assert z.cpu().tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert w.cpu().tolist() == [3.0, 5.0, 7.0, 9.0]

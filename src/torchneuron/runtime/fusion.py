@@ -41,6 +41,7 @@ import hashlib
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -81,6 +82,7 @@ class FusionStats:
         self.evictions = 0  # programs dropped from the cache (its budget)
         self.op_by_op = 0  # traces run op by op (a skeleton seen with too many shapes)
         self.values_kept = 0  # results the programs returned (the rest died inside the trace)
+        self.salvaged = 0  # traces whose program failed, run again op by op
         self.bucketed_runs = 0  # traces run padded to a bucket (compiler/eager_traces.py)
         self.bucketed_programs = 0  # traces over a dynamic size made into bucketed graphs
         self.unbucketed = 0  # such traces the padding analysis refused (run as before)
@@ -256,26 +258,10 @@ def flush() -> None:
         program = _PROGRAMS.get(structure)
         STATS.flushes += 1
         STATS.ops += len(nodes)
-        values = None
-        if program is None and _TRACE_BUCKETER[0] is not None:
-            # A trace over a dynamic size may run padded to a bucket, on one program for
-            # many sizes (its first shape only teaches the bucketer what it looks like).
-            values = _TRACE_BUCKETER[0](nodes, externals, structure[1])
-            flags = []  # a bucketed program raises its index errors itself
-        if values is not None:
-            STATS.bucketed_runs += 1
-        elif program is None and _shapes_churn(nodes):  # counts a compilation otherwise
-            STATS.op_by_op += 1
-            values, flags = _run(_body(nodes, structure, _alone), externals, len(nodes))
-        elif program is None:
-            start = time.perf_counter()
-            program = _build(nodes, structure)
-            values, flags = _run(program, externals, len(nodes))
-            STATS.compile_seconds += time.perf_counter() - start
-        else:
-            _PROGRAMS.move_to_end(structure)
-            STATS.cache_hits += 1
-            values, flags = _run(program, externals, len(nodes))
+        try:
+            values, flags = _execute(nodes, externals, structure, program)
+        except Exception as error:  # noqa: BLE001 - re-raised by _salvage where an op fails
+            values, flags = _salvage(nodes, externals, structure, live, error)
         STATS.values_kept += len(live)
         for (_value, payload, _pending), array in zip(live, values):
             payload.buf = array
@@ -286,6 +272,69 @@ def flush() -> None:
                 index_error, op, where = site
                 error = index_exception(index_error)
                 raise type(error)(f"{error} (in {op}, called at {where})")
+
+
+def _execute(nodes, externals: tuple, structure: tuple, program):
+    """The trace's kept values and index-check flags: from its program (built now if there is
+    none), a bucketed program, or op by op when its shapes churn."""
+    values = None
+    if program is None and _TRACE_BUCKETER[0] is not None:
+        # A trace over a dynamic size may run padded to a bucket, on one program for
+        # many sizes (its first shape only teaches the bucketer what it looks like).
+        values = _TRACE_BUCKETER[0](nodes, externals, structure[1])
+        flags = []  # a bucketed program raises its index errors itself
+    if values is not None:
+        STATS.bucketed_runs += 1
+    elif program is None and _shapes_churn(nodes):  # counts a compilation otherwise
+        STATS.op_by_op += 1
+        values, flags = _run(_body(nodes, structure, _alone), externals, len(nodes))
+    elif program is None:
+        start = time.perf_counter()
+        program = _build(nodes, structure)
+        values, flags = _run(program, externals, len(nodes))
+        STATS.compile_seconds += time.perf_counter() - start
+    else:
+        _PROGRAMS.move_to_end(structure)
+        STATS.cache_hits += 1
+        values, flags = _run(program, externals, len(nodes))
+    return values, flags
+
+
+# id(pending value) -> (the value, the error of the op that was to compute it), for the values
+# of a trace that failed: reading one raises that error instead of computing something else.
+_FAILED: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+_FAILED_KEPT = 1024
+
+
+def _salvage(nodes, externals: tuple, structure: tuple, live: list, error: Exception):
+    """A trace whose program failed runs again op by op, so that one failing op does not take
+    the values of the others with it: the values computed before the failing op are kept, the
+    ones from it on are marked failed (`failure`), and that op's error is raised. When every
+    op runs by itself (the failure was the fused program's), the trace's results are returned."""
+    STATS.salvaged += 1
+    values: list = []
+    try:
+        _run_steps([(_alone(fn), refs, n) for fn, refs, n, _ in nodes], externals, values)
+    except Exception as op_error:  # noqa: BLE001 - stored, then raised below
+        failed = op_error
+    else:
+        warnings.warn(f"torchneuron: a fused program of {len(nodes)} ops failed ({error!r}); "
+                      "its ops ran one by one instead", RuntimeWarning, stacklevel=3)
+        return [values[v] for v in structure[1]], [values[v] for v in structure[2]]
+    for (value, payload, pending) in live:
+        if value < len(values):
+            payload.buf = values[value]
+        else:
+            _FAILED[id(pending)] = (pending, failed)
+            while len(_FAILED) > _FAILED_KEPT:
+                _FAILED.popitem(last=False)
+    raise failed
+
+
+def failure(value) -> Exception | None:
+    """The error of the op that was to compute a pending value whose trace failed, or None."""
+    entry = _FAILED.get(id(value))
+    return entry[1] if entry is not None and entry[0] is value else None
 
 
 def _end_of_optimizer_step(_optimizer, _args, _kwargs) -> None:
@@ -315,12 +364,18 @@ def _body(nodes, structure: tuple, step=lambda fn: fn):
 
     def program(*externals):
         values: list = []
-        for fn, refs, _n in steps:
-            args = [externals[r] if r >= 0 else values[-r - 1] for r in refs]
-            values.extend(fn(*args))
+        _run_steps(steps, externals, values)
         return [values[v] for v in live_values], [values[v] for v in check_values]
 
     return program
+
+
+def _run_steps(steps, externals: tuple, values: list) -> None:
+    """Run (executable, input refs, result count) steps in order, appending their results to
+    `values` (a ref >= 0 is an external input, -k - 1 the k-th value)."""
+    for fn, refs, _n in steps:
+        args = [externals[r] if r >= 0 else values[-r - 1] for r in refs]
+        values.extend(fn(*args))
 
 
 def _build(nodes, structure: tuple):

@@ -274,6 +274,11 @@ def storage_buffer(storage, dtype: torch.dtype, reader: torch.Tensor | None = No
         fusion.flush()
         buf = payload.buf
         if fusion.is_pending(buf):
+            error = fusion.failure(buf)
+            if error is not None:
+                raise RuntimeError("torchneuron: this tensor's value was never computed: the op "
+                                   f"that was to compute it failed ({type(error).__name__}: "
+                                   f"{error})") from error
             raise RuntimeError("torchneuron: a recorded value was lost (its trace failed to run)")
     if buf is not None and payload.dtype == dtype:
         return buf
