@@ -17,10 +17,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import transformers as tf
 from torch import nn
+from vision_libs import import_timm, import_torchvision
 
 STEPS = 3
 LR = 1e-3
@@ -66,6 +68,15 @@ def _images(g: torch.Generator, size: int = 32) -> dict[str, torch.Tensor]:
     return {
         "pixel_values": torch.randn(BATCH * 2, 3, size, size, generator=g),
         "labels": torch.randint(0, 10, (BATCH * 2,), generator=g),
+    }
+
+
+def _images64(g: torch.Generator) -> dict[str, torch.Tensor]:
+    # torchvision/timm CNNs downsample 32x: at 64x64 their last batch norms see 2x2 maps of 8
+    # images (32 values a channel), enough for float32 training to agree with float64
+    return {
+        "pixel_values": torch.randn(BATCH * 4, 3, 64, 64, generator=g),
+        "labels": torch.randint(0, 10, (BATCH * 4,), generator=g),
     }
 
 
@@ -238,6 +249,47 @@ def _efficientnet() -> nn.Module:
     ))
 
 
+class _Classifier(nn.Module):
+    """A torchvision/timm classifier with a loss, called the way transformers models are."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(loss=nn.functional.cross_entropy(self.net(pixel_values), labels))
+
+
+def _tv_resnet() -> nn.Module:
+    resnet = import_torchvision().models.resnet
+    return _Classifier(resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=10))
+
+
+def _tv_densenet() -> nn.Module:
+    models = import_torchvision().models
+    return _Classifier(models.DenseNet(
+        growth_rate=8, block_config=(2, 2), num_init_features=16, num_classes=10,
+    ))
+
+
+def _tv_vit() -> nn.Module:
+    models = import_torchvision().models
+    return _Classifier(models.VisionTransformer(
+        image_size=64, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+        num_classes=10,
+    ))
+
+
+def _timm_resnet() -> nn.Module:
+    return _Classifier(import_timm().create_model("resnet10t", pretrained=False, num_classes=10))
+
+
+def _timm_convnext() -> nn.Module:
+    return _Classifier(import_timm().create_model(
+        "convnext_atto", pretrained=False, depths=(1, 1, 1, 1), num_classes=10,
+    ))
+
+
 ZOO: dict[str, Entry] = {
     # decoder LMs
     "gpt2": Entry(_gpt2, _causal_lm, "decoder, tied", tied=True, fast=True),
@@ -265,6 +317,12 @@ ZOO: dict[str, Entry] = {
     "resnet": Entry(_resnet, _images, "CNN, batch norm", fast=True),
     "convnext": Entry(_convnext, _images, "CNN, layer norm"),
     "efficientnet": Entry(_efficientnet, _images, "CNN, depthwise, squeeze-excite"),
+    # torchvision and timm (tests/models/vision_libs.py: how they import beside CPU torch)
+    "tv_resnet": Entry(_tv_resnet, _images64, "torchvision CNN, batch norm"),
+    "tv_densenet": Entry(_tv_densenet, _images64, "torchvision CNN, concatenation"),
+    "tv_vit": Entry(_tv_vit, _images64, "torchvision vision transformer"),
+    "timm_resnet": Entry(_timm_resnet, _images64, "timm CNN, deep stem"),
+    "timm_convnext": Entry(_timm_convnext, _images64, "timm CNN, layer norm"),
 }
 
 
