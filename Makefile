@@ -57,8 +57,16 @@ test-all: $(STAMP)
 
 # The whole model zoo (tests/models/zoo.py): every tiny model trained on CPU and on neuron.
 # Long (per-model times in docs/MODEL_ZOO.md); `make test` runs only the entries marked fast.
-zoo: $(STAMP)
+# Its torchvision/timm entries import those from build/vision-libs, kept out of the
+# virtualenv (tests/models/vision_libs.py says why).
+VISION_LIBS := build/vision-libs
+zoo: $(STAMP) $(VISION_LIBS)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m 'zoo or not zoo' tests/models
+
+$(VISION_LIBS)/.installed: tests/models/vision-requirements.txt | $(STAMP)
+	rm -rf $(VISION_LIBS)
+	$(BIN)/python -m pip install --no-deps --target $(VISION_LIBS) -r $<
+	touch $@
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
