@@ -107,3 +107,18 @@ def test_invariant_checks_refuse_as_on_cpu():
             dense = torch.tensor([[0, 1.0], [2, 0]], device=device).to_sparse().to_dense()
             assert dense.cpu().tolist() == [[0, 1.0], [2, 0]]
     assert messages[1] == messages[0]
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "bsc"])
+def test_compressed_layouts_are_refused_clearly(layout):
+    # PyTorch's device-generic .to() builds a compressed tensor with neuron members; each op
+    # on it raised a dispatcher error naming a "SparseCsrneuron" backend, or a RuntimeError
+    dense = torch.eye(4)
+    cpu = dense.to_sparse_csr() if layout == "csr" else dense.to_sparse_csc() \
+        if layout == "csc" else getattr(dense, f"to_sparse_{layout}")((2, 2))
+    moved = cpu.to(DEV)
+    for use in (lambda: moved * 2, lambda: moved.to_dense(), lambda: moved.values(),
+                lambda: torch.mm(moved, torch.ones(4, 4, device=DEV)), lambda: str(moved)):
+        with pytest.raises(NotImplementedError, match=f"sparse_{layout} tensor; the neuron "
+                           "device supports strided and sparse COO tensors only"):
+            use()

@@ -1,4 +1,5 @@
 """Sparse COO tensors on the device: neuron indices and values, computed on CPU.
+Compressed layouts (CSR, CSC, BSR, BSC) are refused.
 
 A sparse neuron tensor is PyTorch's own SparseTensorImpl whose indices and values are dense
 neuron tensors. Its constructors and accessors are PyTorch's SparseCPU kernels, which only
@@ -6,6 +7,11 @@ touch metadata and the two member tensors (they never read memory), run for the
 SparsePrivateUse1 key. Every other op on a sparse neuron tensor runs on CPU through the
 visible fallback (warned once per op, counted, refused under TORCHNEURON_STRICT=1):
 cpu_fallback converts sparse arguments and results in both directions.
+
+PyTorch's device-generic `.to()` can still build a compressed sparse tensor with neuron members
+(no op runs on the new tensor, so there is nothing to hook); every op that CPU implements for
+compressed layouts then raises one clear NotImplementedError on it instead of a dispatcher
+message about a "SparseCsrneuron" backend.
 """
 
 from __future__ import annotations
@@ -79,6 +85,29 @@ def _validate_coo_args(indices, values, size, is_coalesced=None, check_pinning=N
                                                   is_coalesced, check_pinning)
 
 
+def _refuse_compressed(op):
+    def kernel(*args, **kwargs):
+        layouts = {a.layout for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
+        layout = next((lay for lay in layouts if lay not in (torch.strided, torch.sparse_coo)),
+                      "compressed sparse")
+        raise NotImplementedError(
+            f"torchneuron: {op} got a {layout} tensor; the neuron device supports strided and "
+            "sparse COO tensors only (on CPU: .to_sparse() gives COO, .to_dense() strided)")
+
+    return kernel
+
+
+def _cpu_ops_with_kernels_for(key: str):
+    """The aten ops that CPU registers a kernel of its own for under dispatch key `key`."""
+    for qualified in torch._C._dispatch_get_registrations_for_dispatch_key(key):
+        namespace, _, name = qualified.partition("::")
+        packet_name, _, overload = name.partition(".")
+        packet = getattr(aten, packet_name, None) if namespace == "aten" else None
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is not None:
+            yield op
+
+
 def install() -> None:
     if _installed:
         return
@@ -92,13 +121,11 @@ def install() -> None:
     # Where CPU has a sparse kernel of its own, the whole call runs there: a composite
     # kernel would otherwise decompose it for this key into ops CPU has no sparse kernel for
     # (mv into addmv_).
-    for qualified in torch._C._dispatch_get_registrations_for_dispatch_key("SparseCPU"):
-        namespace, _, name = qualified.partition("::")
-        packet_name, _, overload = name.partition(".")
-        packet = getattr(aten, packet_name, None) if namespace == "aten" else None
-        op = getattr(packet, overload or "default", None) if packet is not None else None
-        if op is not None and kernel_name(op) not in own:
+    for op in _cpu_ops_with_kernels_for("SparseCPU"):
+        if kernel_name(op) not in own:
             library.impl(kernel_name(op), _cpu_kernel(op), "SparsePrivateUse1")
+    for op in _cpu_ops_with_kernels_for("SparseCsrCPU"):
+        library.impl(kernel_name(op), _refuse_compressed(op), "SparseCsrPrivateUse1")
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_on_cpu, "SparsePrivateUse1")
     _installed.extend((library, fallback))
