@@ -419,7 +419,8 @@ def render(summaries: list[FileSummary], groups: list[Group], manifest: Manifest
         f" ({source.get('date', '?')}; version.txt {source.get('version', '?')}), run against"
         f" torch {source.get('torch', '?')}; version-skew aliases:"
         f" {', '.join(source.get('aliases', [])) or 'none'}",
-        f"- run: {source.get('when', '?')}; per-test timeout {source.get('timeout', '?')} s;"
+        f"- run: {source.get('when', '?')} on torchneuron `{source.get('torchneuron', '?')}`;"
+        f" per-test timeout {source.get('timeout', '?')} s;"
         f" filters: {source.get('filters', 'none')}",
         f"- **neuron failures where CPU passes: {tot_fail} of {tot_cpu} CPU passes"
         f" ({_pct(tot_fail, tot_cpu)}); not expected by the manifest: {unexpected};"

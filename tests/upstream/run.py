@@ -233,7 +233,10 @@ def source_info(tests_dir: Path, repo_label: str | None) -> dict:
     import torch
 
     version = tests_dir.parent / "version.txt"
+    here = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True).stdout.strip()
     return {
+        "torchneuron": here or "unknown",
         "repo": repo_label or git("remote", "get-url", "origin") or str(tests_dir),
         "commit": git("rev-parse", "HEAD") or "unknown",
         "date": git("log", "-1", "--format=%cs") or "unknown",
