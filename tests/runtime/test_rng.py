@@ -123,6 +123,22 @@ def test_random_beyond_a_floats_integers_warns_at_every_call():
         t.random_(0, 42)
 
 
+@pytest.mark.parametrize("draw", [(rng._DEFAULT_SEED, 0), (0, 0), (2**64 - 1, 2**64 - 1),
+                                  (0x1234_5678_9ABC_DEF0, 3), (7, 2**40 + 5)])
+def test_draw_keys_derived_on_the_host_are_jaxs(draw):
+    # split_draw derives each draw's threefry key in Python, not inside the op's program;
+    # the key (hence every stream) must stay the one JAX's own fold_in chain gives
+    import jax
+    import numpy as np
+
+    seed, offset = draw
+    mask = 0xFFFF_FFFF
+    key = jax.random.key(np.uint32(seed & mask))
+    for word in ((seed >> 32) & mask, offset & mask, offset >> 32):
+        key = jax.random.fold_in(key, np.uint32(word))
+    assert [int(w) for w in rng.split_draw(draw)] == np.asarray(jax.random.key_data(key)).tolist()
+
+
 def test_torch_manual_seed_reaches_the_device_and_initial_seed_reports_it():
     torch.manual_seed(987654321)
     assert torch.neuron.initial_seed() == 987654321

@@ -19,7 +19,7 @@ import torch
 
 from ..lowerings import Lowering
 from ..lowerings.dtypes import to_torch_dtype
-from . import disk_cache, opcall, signature, storage, strided
+from . import disk_cache, opcall, rng, signature, storage, strided
 from .meta import flatten_results, meta_outputs, promotion_dtype, promotion_operands, to_meta
 from .plan import STATIC, OpPlan
 
@@ -279,7 +279,7 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
                 avals += [signature.buffer_aval(written_tensor(values, slot)),
                           jax.ShapeDtypeStruct((), jnp.int64, weak_type=True)]
         if lowering.rng:
-            avals += [jax.ShapeDtypeStruct((), jnp.uint32)] * 4
+            avals += [jax.ShapeDtypeStruct((), jnp.uint32)] * rng.DRAW_WORDS
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             results = jax.eval_shape(compiled, *avals)

@@ -484,7 +484,7 @@ def _inputs_key(digest: str, externals: tuple) -> str | None:
             h.update(f"\0{x.shape}{x.dtype}{x.weak_type}{x.sharding}".encode())
         elif type(x) in (bool, int, float, complex):
             h.update(f"\0{type(x).__name__}".encode())
-        elif isinstance(x, np.generic):  # a random op's draw: four uint32 words
+        elif isinstance(x, np.generic):  # a random op's draw: its key's uint32 words
             h.update(f"\0np.{x.dtype}".encode())
         else:
             return None

@@ -207,18 +207,43 @@ def set_state(new_state: torch.Tensor, index: int = 0) -> None:
 # Draws as executable inputs
 
 
+# Threefry-2x32 (Salmon et al., 2011), the block function of JAX's default PRNG, for one
+# block on Python ints: the key of each draw is derived here, so that a random op's program
+# holds only the draw of its bits. (Deriving it inside the program cost about 30% of the
+# XLA compile time of every program with a random op; the keys, hence the streams, are
+# the same: tests/runtime/test_rng.py checks them against JAX's own derivation.)
+_U32 = 0xFFFF_FFFF
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_KEY_PARITY = 0x1BD1_1BDA
+
+
+def _threefry2x32(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
+    keys = (k0, k1, k0 ^ k1 ^ _KEY_PARITY)
+    x0, x1 = (x0 + k0) & _U32, (x1 + k1) & _U32
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            x0 = (x0 + x1) & _U32
+            x1 = (((x1 << r) | (x1 >> (32 - r))) & _U32) ^ x0
+        x0 = (x0 + keys[(block + 1) % 3]) & _U32
+        x1 = (x1 + keys[(block + 2) % 3] + block + 1) & _U32
+    return x0, x1
+
+
+DRAW_WORDS = 2  # executable inputs per random op: the two uint32 words of its key
+
+
 def split_draw(draw: tuple[int, int]) -> tuple:
-    """The four uint32 words of a (seed, offset) draw, as executable inputs."""
+    """The key of a (seed, offset) draw as executable inputs: the two uint32 words of
+    `fold_in(fold_in(fold_in(key(seed_lo), seed_hi), offset_lo), offset_hi)` (JAX threefry
+    key; `key(w)` of a uint32 is the pair (0, w), `fold_in(k, w)` is threefry(k, (0, w)))."""
     seed, offset = draw
-    mask = 0xFFFF_FFFF
-    return tuple(
-        np.uint32(v) for v in (seed & mask, (seed >> 32) & mask, offset & mask, offset >> 32)
-    )
+    key = (0, seed & _U32)
+    for word in ((seed >> 32) & _U32, offset & _U32, (offset >> 32) & _U32):
+        key = _threefry2x32(*key, 0, word)
+    return tuple(np.uint32(v) for v in key)
 
 
 def fold_key(words):
     """The JAX key for one draw, from `split_draw`'s words; traced inside an executable."""
-    key = jax.random.key(words[0])
-    for word in words[1:]:
-        key = jax.random.fold_in(key, word)
-    return key
+    data = jax.numpy.stack([jax.numpy.asarray(w, jax.numpy.uint32) for w in words])
+    return jax.random.wrap_key_data(data, impl="threefry2x32")
