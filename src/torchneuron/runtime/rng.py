@@ -2,9 +2,10 @@
 
 A generator's state is (seed, offset): each random op draws the key
 `fold_in(key(seed), offset)` and bumps the offset, so a seeded program is reproducible and
-consecutive calls differ. The key is built inside the op's executable from the two integers,
-so drawing costs no eager JAX step. `get_state()` is 16 bytes, seed then offset (native-endian
-uint64 each), for every kind of generator below, so states are interchangeable.
+consecutive calls differ. The key is derived on the host in Python (`split_draw`, no JAX
+call) and enters the op's executable as two uint32 words. `get_state()` is 16 bytes, seed
+then offset (native-endian uint64 each), for every kind of generator below, so states are
+interchangeable.
 
 Two implementations of the same state, one per process:
 
