@@ -21,6 +21,7 @@ Two implementations of the same state, one per process:
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import weakref
@@ -219,15 +220,25 @@ _KEY_PARITY = 0x1BD1_1BDA
 
 
 def _threefry2x32(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
-    keys = (k0, k1, k0 ^ k1 ^ _KEY_PARITY)
+    k2 = k0 ^ k1 ^ _KEY_PARITY
     x0, x1 = (x0 + k0) & _U32, (x1 + k1) & _U32
-    for block in range(5):
-        for r in _ROTATIONS[block % 2]:
+    # five groups of four rounds, each followed by a key injection
+    for inject0, inject1, count, rotations in ((k1, k2, 1, _ROTATIONS[0]), (k2, k0, 2, _ROTATIONS[1]),
+                                               (k0, k1, 3, _ROTATIONS[0]), (k1, k2, 4, _ROTATIONS[1]),
+                                               (k2, k0, 5, _ROTATIONS[0])):
+        for r in rotations:
             x0 = (x0 + x1) & _U32
-            x1 = (((x1 << r) | (x1 >> (32 - r))) & _U32) ^ x0
-        x0 = (x0 + keys[(block + 1) % 3]) & _U32
-        x1 = (x1 + keys[(block + 2) % 3] + block + 1) & _U32
+            x1 = ((x1 << r | x1 >> (32 - r)) & _U32) ^ x0
+        x0 = (x0 + inject0) & _U32
+        x1 = (x1 + inject1 + count) & _U32
     return x0, x1
+
+
+@functools.lru_cache(maxsize=16)
+def _seed_key(seed: int) -> tuple[int, int]:
+    """`fold_in(key(seed_lo), seed_hi)`: the part of a draw's key that only the seed decides
+    (cached: a process draws from few seeds)."""
+    return _threefry2x32(0, seed & _U32, 0, (seed >> 32) & _U32)
 
 
 DRAW_WORDS = 2  # executable inputs per random op: the two uint32 words of its key
@@ -238,10 +249,9 @@ def split_draw(draw: tuple[int, int]) -> tuple:
     `fold_in(fold_in(fold_in(key(seed_lo), seed_hi), offset_lo), offset_hi)` (JAX threefry
     key; `key(w)` of a uint32 is the pair (0, w), `fold_in(k, w)` is threefry(k, (0, w)))."""
     seed, offset = draw
-    key = (0, seed & _U32)
-    for word in ((seed >> 32) & _U32, offset & _U32, (offset >> 32) & _U32):
-        key = _threefry2x32(*key, 0, word)
-    return tuple(np.uint32(v) for v in key)
+    key = _threefry2x32(*_seed_key(seed), 0, offset & _U32)
+    k0, k1 = _threefry2x32(*key, 0, (offset >> 32) & _U32)
+    return np.uint32(k0), np.uint32(k1)
 
 
 def fold_key(words):
