@@ -13,6 +13,7 @@ CPU and the wall time of the first step (mostly XLA compilation on neuron) and o
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -64,20 +65,16 @@ def _seq2seq(g: torch.Generator) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
-def _images(g: torch.Generator, size: int = 32) -> dict[str, torch.Tensor]:
+def _images(g: torch.Generator, size: int = 32, count: int = BATCH * 2) -> dict[str, torch.Tensor]:
     return {
-        "pixel_values": torch.randn(BATCH * 2, 3, size, size, generator=g),
-        "labels": torch.randint(0, 10, (BATCH * 2,), generator=g),
+        "pixel_values": torch.randn(count, 3, size, size, generator=g),
+        "labels": torch.randint(0, 10, (count,), generator=g),
     }
 
 
-def _images64(g: torch.Generator) -> dict[str, torch.Tensor]:
-    # torchvision/timm CNNs downsample 32x: at 64x64 their last batch norms see 2x2 maps of 8
-    # images (32 values a channel), enough for float32 training to agree with float64
-    return {
-        "pixel_values": torch.randn(BATCH * 4, 3, 64, 64, generator=g),
-        "labels": torch.randint(0, 10, (BATCH * 4,), generator=g),
-    }
+# torchvision/timm CNNs downsample 32x: at 64x64 their last batch norms see 2x2 maps of 8
+# images (32 values a channel), enough for float32 training to agree with float64
+_images64 = functools.partial(_images, size=64, count=BATCH * 4)
 
 
 def _speech(g: torch.Generator) -> dict[str, torch.Tensor]:

@@ -113,9 +113,8 @@ def test_invariant_checks_refuse_as_on_cpu():
 def test_compressed_layouts_are_refused_clearly(layout):
     # PyTorch's device-generic .to() builds a compressed tensor with neuron members; each op
     # on it raised a dispatcher error naming a "SparseCsrneuron" backend, or a RuntimeError
-    dense = torch.eye(4)
-    cpu = dense.to_sparse_csr() if layout == "csr" else dense.to_sparse_csc() \
-        if layout == "csc" else getattr(dense, f"to_sparse_{layout}")((2, 2))
+    blocked = layout in ("bsr", "bsc")  # block layouts take a block size
+    cpu = getattr(torch.eye(4), f"to_sparse_{layout}")(*([(2, 2)] if blocked else []))
     moved = cpu.to(DEV)
     for use in (lambda: moved * 2, lambda: moved.to_dense(), lambda: moved.values(),
                 lambda: torch.mm(moved, torch.ones(4, 4, device=DEV)), lambda: str(moved)):

@@ -223,9 +223,9 @@ def _finish(task: Task) -> None:
 
 
 def source_info(tests_dir: Path, repo_label: str | None) -> dict:
-    def git(*args: str) -> str:
+    def git(*args: str, where: Path = tests_dir) -> str:
         try:
-            return subprocess.run(["git", "-C", str(tests_dir), *args], capture_output=True,
+            return subprocess.run(["git", "-C", str(where), *args], capture_output=True,
                                   text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             return ""
@@ -233,10 +233,8 @@ def source_info(tests_dir: Path, repo_label: str | None) -> dict:
     import torch
 
     version = tests_dir.parent / "version.txt"
-    here = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-                          capture_output=True, text=True).stdout.strip()
     return {
-        "torchneuron": here or "unknown",
+        "torchneuron": git("describe", "--always", "--dirty", where=REPO) or "unknown",
         "repo": repo_label or git("remote", "get-url", "origin") or str(tests_dir),
         "commit": git("rev-parse", "HEAD") or "unknown",
         "date": git("log", "-1", "--format=%cs") or "unknown",
