@@ -489,3 +489,32 @@ def test_a_fused_program_that_fails_runs_its_ops_one_by_one(fused):
     assert torchneuron.fusion_stats()["salvaged"] == before + 1
     assert z.cpu().tolist() == [2.0, 4.0, 6.0, 8.0]
     assert w.cpu().tolist() == [3.0, 5.0, 7.0, 9.0]
+
+
+def test_a_trace_passes_its_scalars_packed_and_computes_as_op_by_op(fused, monkeypatch):
+    def ops():
+        torch.manual_seed(5)
+        x = torch.arange(24.0).reshape(4, 6).to(DEV)
+        i = torch.arange(24, dtype=torch.int8).reshape(4, 6).to(DEV)
+        out = [x.add(x[1:, :].sum(0), alpha=0.25), i.mul(3).add(i, alpha=2), x * 1.5 - 2,
+               x.masked_fill(x > 7, True), (x * (1 + 2j)).real,
+               torch.nn.functional.dropout(x, 0.3), x[2:].clamp(min=3)]
+        return [t.cpu() for t in out]
+
+    calls = []
+    real_call = fusion._PackedProgram.__call__
+
+    def spy(self, *externals):
+        calls.append((externals, self.pack(externals)))
+        return real_call(self, *externals)
+
+    monkeypatch.setattr(fusion._PackedProgram, "__call__", spy)
+    fusion.flush()
+    fused_values = ops()
+    assert calls, "the trace did not run as a fused program"
+    externals, arguments = calls[-1]
+    scalar_types = {type(v) for v in externals if not isinstance(v, jax.Array)}
+    assert {int, float, np.uint32} <= scalar_types
+    assert len(arguments) == sum(isinstance(v, jax.Array) for v in externals) + len(scalar_types)
+    for f, u in zip(fused_values, _unfused(ops)):
+        assert f.dtype == u.dtype and torch.equal(f, u)

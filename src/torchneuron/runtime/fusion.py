@@ -54,6 +54,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from .. import config
 from ..lowerings.registry import index_exception
 from . import _native, disk_cache, platform
+from .packing import ScalarPacking
 
 _NATIVE = _native.fastpath()
 Pending = _NATIVE.Pending if _NATIVE is not None else None
@@ -254,7 +255,8 @@ def flush() -> None:
             if site is not None:
                 checks.append((first - 1, site))
         structure = (tuple((id(fn), refs, n) for fn, refs, n, _ in nodes),
-                     tuple(value for value, _, _ in live), tuple(v for v, _ in checks))
+                     tuple(value for value, _, _ in live), tuple(v for v, _ in checks),
+                     tuple(map(type, externals)))  # how its program packs scalars
         program = _PROGRAMS.get(structure)
         STATS.flushes += 1
         STATS.ops += len(nodes)
@@ -379,17 +381,33 @@ def _run_steps(steps, externals: tuple, values: list) -> None:
 
 
 def _build(nodes, structure: tuple):
-    jitted = jax.jit(_body(nodes, structure))
-    digest = _trace_digest(nodes, structure)
-    program = jitted if digest is None else _StoredProgram(digest, jitted)
+    packing = ScalarPacking(structure[3])
+    body = _body(nodes, structure)
+    jitted = jax.jit(lambda *arguments: body(*packing.unpack(arguments)))
+    digest = _trace_digest(nodes, structure, packing)
+    stored = jitted if digest is None else _StoredProgram(digest, jitted)
     if digest is None:
         STATS.compilations += 1  # at its first call
+    program = _PackedProgram(stored, packing)
     _PROGRAMS[structure] = program
     budget = int(config.raw("TORCHNEURON_FUSION_PROGRAMS"))
     while len(_PROGRAMS) > budget:
         _PROGRAMS.popitem(last=False)
         STATS.evictions += 1
     return program
+
+
+class _PackedProgram:
+    """A trace's program called with its external inputs, its scalars packed
+    (runtime/packing.py)."""
+
+    __slots__ = ("program", "pack")
+
+    def __init__(self, program, packing: ScalarPacking) -> None:
+        self.program, self.pack = program, packing.pack
+
+    def __call__(self, *externals):
+        return self.program(*self.pack(externals))
 
 
 class _StoredProgram:
@@ -459,7 +477,7 @@ def _alone(fn):
     return fn.alone
 
 
-def _trace_digest(nodes, structure: tuple) -> str | None:
+def _trace_digest(nodes, structure: tuple, packing: ScalarPacking) -> str | None:
     """What the trace computes, the same in every process: what every node computes (its
     executable's stable name), how they connect and what the trace keeps; None when a node
     has no stable name (then the program is kept in memory only) or the cache is off."""
@@ -471,7 +489,7 @@ def _trace_digest(nodes, structure: tuple) -> str | None:
         if name is None:
             return None
         h.update(f"{name}\0{refs}\0{n}\0".encode())
-    h.update(repr(structure[1:]).encode())
+    h.update(f"{structure[1:3]!r}\0{packing!r}".encode())
     return h.hexdigest()
 
 
@@ -486,6 +504,8 @@ def _inputs_key(digest: str, externals: tuple) -> str | None:
             h.update(f"\0{type(x).__name__}".encode())
         elif isinstance(x, np.generic):  # a random op's draw: its key's uint32 words
             h.update(f"\0np.{x.dtype}".encode())
+        elif isinstance(x, np.ndarray):  # packed scalars
+            h.update(f"\0nd{x.shape}{x.dtype}".encode())
         else:
             return None
     return h.hexdigest()
