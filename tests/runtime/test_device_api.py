@@ -63,6 +63,19 @@ def test_synchronize_waits_for_queued_work():
     assert torch.allclose(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-3)
 
 
+def test_synchronize_waits_for_everything_launched_before_it():
+    # Programs launch asynchronously; the device runs them in launch order, so waiting for
+    # the latest result (a small, independent one) waits for the long one launched first.
+    x = torch.randn(700, 700, device=N)
+    torch.neuron.synchronize()
+    big = x @ x @ x @ x
+    torch.neuron.synchronize()  # its trace runs as a program of its own
+    small = torch.ones(3, device=N) + 1
+    torch.neuron.synchronize()
+    assert big.untyped_storage()._neuron_payload.buf.is_ready()
+    assert small.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
 def test_device_name_and_properties():
     name = torch.neuron.get_device_name()
     assert isinstance(name, str) and name.startswith("neuron")

@@ -380,27 +380,31 @@ def test_eager_signatures_per_op_have_a_budget(monkeypatch):
 
 
 _LAUNCH_BLOCKING = """
-    import torch, torchneuron
+    import torch, torchneuron, jax
     from torchneuron.runtime import fusion
     x = torch.ones(3, device="neuron")
     y = x + 1
     print("RECORDING", fusion.recording(), fusion.is_pending(y.untyped_storage()._neuron_payload.buf))
+    print("ASYNC", jax.config.read("jax_cpu_enable_async_dispatch"))
 """
 
 
 @pytest.mark.parametrize("env,expected", [
-    ({"TORCHNEURON_LAUNCH_BLOCKING": "1"}, "RECORDING False False"),
-    ({"TORCHNEURON_FUSION": "0"}, "RECORDING False False"),
-    ({}, "RECORDING True True"),
+    ({"TORCHNEURON_LAUNCH_BLOCKING": "1"}, ["RECORDING False False", "ASYNC False"]),
+    ({"TORCHNEURON_FUSION": "0"}, ["RECORDING False False", "ASYNC True"]),
+    ({"TORCHNEURON_ASYNC_DISPATCH": "0"}, ["RECORDING True True", "ASYNC False"]),
+    ({}, ["RECORDING True True", "ASYNC True"]),
 ])
 def test_launch_blocking_and_fusion_switches(env, expected):
     # The child starts from the defaults, whatever switches this run itself was given.
     inherited = {k: v for k, v in os.environ.items()
-                 if k not in ("TORCHNEURON_FUSION", "TORCHNEURON_LAUNCH_BLOCKING")}
+                 if k not in ("TORCHNEURON_FUSION", "TORCHNEURON_LAUNCH_BLOCKING",
+                              "TORCHNEURON_ASYNC_DISPATCH")}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_LAUNCH_BLOCKING)],
                           env={**inherited, **env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert expected in proc.stdout
+    for line in expected:
+        assert line in proc.stdout
 
 
 def test_arange_over_starts_is_one_program(fused, xla_compilations):
