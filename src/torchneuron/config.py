@@ -37,6 +37,8 @@ SETTINGS: dict[str, Setting] = {
                 "raise instead of running an op (or a compiled graph) on CPU / eagerly"),
         Setting("TORCHNEURON_ASYNC_DISPATCH", "1", "bool",
                 "JAX's asynchronous dispatch on the CPU client (off under launch blocking)"),
+        Setting("TORCHNEURON_AUTOGRAD_DEVICE_THREAD", "0", "bool",
+                "run backward passes on PyTorch's per-device autograd thread"),
         Setting("TORCHNEURON_NATIVE_LIBRARY", "1", "bool",
                 "build and load the small C++ library (fast path, generators, allocator)"),
         Setting("TORCHNEURON_REBUILD_EXTENSION", "0", "bool",

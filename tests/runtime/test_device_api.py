@@ -6,6 +6,7 @@ import gc
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -74,6 +75,25 @@ def test_synchronize_waits_for_everything_launched_before_it():
     torch.neuron.synchronize()
     assert big.untyped_storage()._neuron_payload.buf.is_ready()
     assert small.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+_BACKWARD_THREAD = """
+    import threading, torch, torchneuron
+    x = torch.ones(3, device="neuron", requires_grad=True)
+    seen = []
+    x.register_hook(lambda grad: seen.append(threading.get_ident()))
+    (x * 2).sum().backward()
+    print("SAME_THREAD", seen == [threading.get_ident()], x.grad.cpu().tolist())
+"""
+
+
+@pytest.mark.parametrize("env,same", [({}, True), ({"TORCHNEURON_AUTOGRAD_DEVICE_THREAD": "1"}, False)])
+def test_backward_runs_on_the_calling_thread(env, same):
+    inherited = {k: v for k, v in os.environ.items() if k != "TORCHNEURON_AUTOGRAD_DEVICE_THREAD"}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_BACKWARD_THREAD)],
+                          env={**inherited, **env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"SAME_THREAD {same} [2.0, 2.0, 2.0]" in proc.stdout
 
 
 def test_device_name_and_properties():
