@@ -144,3 +144,22 @@ def test_float_to_integer_casts_give_cpus_values(source, target):
     assert torch.equal(into.copy_(on_device).cpu(), expected)
     compiled = torch.compile(lambda x: (x * 1).to(target), backend="neuron", dynamic=False)
     assert torch.equal(compiled(on_device).cpu(), expected)
+
+
+def test_ones_like_is_lowered_and_keeps_what_the_composite_kernel_gives():
+    from torchneuron.runtime import dispatch
+
+    x = torch.randn(4, 6).t()  # a transposed layout: preserve_format keeps it
+    d = x.to(DEV)
+    decomposed = dispatch.COUNTS[dispatch.Route.DECOMPOSED]["aten.ones_like.default"]
+    for kwargs in ({}, {"dtype": torch.int16}, {"memory_format": torch.contiguous_format},
+                   {"dtype": torch.bool, "device": DEV}):
+        got = torch.ones_like(d, **kwargs)
+        want = torch.ones_like(x, **{k: v for k, v in kwargs.items() if k != "device"})
+        assert got.device.type == DEV and got.stride() == want.stride()
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    assert dispatch.COUNTS[dispatch.Route.DECOMPOSED]["aten.ones_like.default"] == decomposed
+    # Another device (or layout) is made the composite way, on that device.
+    elsewhere = torch.ones_like(d, device="cpu")
+    assert elsewhere.device.type == "cpu" and torch.equal(elsewhere, torch.ones_like(x))
+    assert dispatch.COUNTS[dispatch.Route.DECOMPOSED]["aten.ones_like.default"] == decomposed + 1

@@ -27,6 +27,35 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return jnp.full(tuple(size), fill_value, _dtype(dtype))
 
 
+def _dense_here(args: dict) -> bool:
+    """A `ones_like` call that makes a dense tensor on self's device; one asking for another
+    device or layout takes the composite way (empty_like + fill_, below)."""
+    device, layout = args.get("device"), args.get("layout")
+    if device is not None:
+        device, here = torch.device(device), args["self"].device
+        if device.type != here.type or device.index not in (None, here.index):
+            return False
+    return layout in (None, torch.strided)
+
+
+def _like_dtype(self, dtype):
+    return to_jax_dtype(dtype) if dtype is not None else self.dtype
+
+
+# Autograd's first gradient (`ones_like(loss)`) at every backward(): one recorded op, where the
+# composite kernel made an empty tensor in Python and filled it (~25 us per call).
+@lowers(aten.ones_like.default, only_when=_dense_here, signature_decides=_dense_here)
+def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(self.shape, _like_dtype(self, dtype))
+
+
+@decomposes(aten.ones_like.default)
+def _ones_like_elsewhere(self, *, dtype=None, layout=None, device=None, pin_memory=None,
+                         memory_format=torch.preserve_format):
+    return torch.empty_like(self, dtype=dtype, layout=layout, device=device,
+                            pin_memory=pin_memory, memory_format=memory_format).fill_(1)
+
+
 @lowers(aten.full_like.default, graph_only=True)
 def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
