@@ -4,6 +4,9 @@ graph's call costs little host time beyond its executable (issue 13, point 4).""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+import textwrap
 import time
 import warnings
 
@@ -186,3 +189,33 @@ def _graphs_called(fn) -> list:
     finally:
         graph_module.CompiledGraph.__call__ = original
     return seen
+
+
+_STEP_WITH_BACKWARD = """
+    import torch, torchneuron
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.compile(backend="neuron")
+    def step(x):
+        loss = model(x).pow(2).sum()
+        loss.backward()  # a graph break: the backward compiles lazily, on this thread
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    x = torch.randn(3, 4).to("neuron")
+    losses = [step(x).item() for _ in range(3)]
+    print("DONE", losses[-1] < losses[0])
+"""
+
+
+def test_a_compiled_step_compiles_its_backward_on_the_calling_thread():
+    # The backward runs on the calling thread (runtime/device.py), inside the step's compiled
+    # frame: the backend's compile-start callback must not be compiled by Dynamo there, which
+    # waited forever on Dynamo's own callback lock.
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_STEP_WITH_BACKWARD)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "DONE True" in proc.stdout

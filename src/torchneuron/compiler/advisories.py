@@ -21,6 +21,10 @@ from torch._dynamo.callback import callback_handler
 ADVISORY_METHODS = ("warning_once", "warning_advice")
 
 
+# Run with Dynamo's frame hook off: the callback runs when a compilation starts, which can be
+# inside a compiled function's frame (a lazily compiled backward, run on the calling thread);
+# there Dynamo would try to compile the callback itself and wait for its own callback lock.
+@torch._dynamo.disable
 def ignore_advisories(_args=None) -> None:
     """Add the advisory logger methods that exist now to Dynamo's ignored logging functions."""
     config = torch._dynamo.config
