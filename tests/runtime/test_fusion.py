@@ -246,13 +246,14 @@ def test_a_loop_that_never_reads_reaches_a_steady_state(fused):
 
     model = copy.deepcopy(cpu_model).to(DEV)
     cpu_step, step = trainer(cpu_model, "cpu"), trainer(model, DEV)
-    for _ in range(3):
+    warm_up = fusion._PACK_AFTER + 1  # the step's program is compiled again, scalars packed
+    for _ in range(warm_up):
         step()
     compiled = torchneuron.fusion_stats()["compilations"]
     for _ in range(40):  # 40 steps of ~35 ops: cut by the cap alone at many phases
         step()
     assert torchneuron.fusion_stats()["compilations"] == compiled
-    for _ in range(43):
+    for _ in range(warm_up + 40):
         cpu_step()
     for p_cpu, p_dev in zip(cpu_model.parameters(), model.parameters()):
         torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-5)
@@ -417,9 +418,11 @@ def test_arange_over_starts_is_one_program(fused, xla_compilations):
         assert torch.equal(torch.arange(n * 0.5, n * 0.5 + 2, device=DEV).cpu(),
                            torch.arange(n * 0.5, n * 0.5 + 2))
 
-    run(3)
+    warm_up = fusion._PACK_AFTER + 1  # each program is compiled again, scalars packed
+    for n in range(3, 3 + warm_up):
+        run(n)
     xla_compilations.clear()
-    for n in range(4, 24):
+    for n in range(3 + warm_up, 23 + warm_up):
         run(n)
     assert xla_compilations == []
 
@@ -506,19 +509,25 @@ def test_a_trace_passes_its_scalars_packed_and_computes_as_op_by_op(fused, monke
         return [t.cpu() for t in out]
 
     calls = []
-    real_call = fusion._PackedProgram.__call__
+    real_call = fusion._Program.__call__
 
     def spy(self, *externals):
-        calls.append((externals, self.pack(externals)))
+        calls.append((self, externals))
         return real_call(self, *externals)
 
-    monkeypatch.setattr(fusion._PackedProgram, "__call__", spy)
+    monkeypatch.setattr(fusion, "_PACK_AFTER", 2)
+    monkeypatch.setattr(fusion._Program, "__call__", spy)
     fusion.flush()
-    fused_values = ops()
-    assert calls, "the trace did not run as a fused program"
-    externals, arguments = calls[-1]
+    results = [ops() for _ in range(4)]
+    program, externals = calls[-1]
+    assert all(p is program for p, _ in calls[-4:]), "the trace did not reuse its program"
+    # Scalars one by one for the first two calls, then packed: one array per scalar type.
+    assert program.packed is not None and program.calls == 3
     scalar_types = {type(v) for v in externals if not isinstance(v, jax.Array)}
     assert {int, float, np.uint32} <= scalar_types
+    arguments = program.packing.pack(externals)
     assert len(arguments) == sum(isinstance(v, jax.Array) for v in externals) + len(scalar_types)
-    for f, u in zip(fused_values, _unfused(ops)):
-        assert f.dtype == u.dtype and torch.equal(f, u)
+    unfused = _unfused(ops)
+    for fused_values in results:  # plain and packed programs alike
+        for f, u in zip(fused_values, unfused):
+            assert f.dtype == u.dtype and torch.equal(f, u)

@@ -381,14 +381,10 @@ def _run_steps(steps, externals: tuple, values: list) -> None:
 
 
 def _build(nodes, structure: tuple):
-    packing = ScalarPacking(structure[3])
     body = _body(nodes, structure)
-    jitted = jax.jit(lambda *arguments: body(*packing.unpack(arguments)))
-    digest = _trace_digest(nodes, structure, packing)
-    stored = jitted if digest is None else _StoredProgram(digest, jitted)
-    if digest is None:
-        STATS.compilations += 1  # at its first call
-    program = _PackedProgram(stored, packing)
+    packing = ScalarPacking(structure[3])
+    program = _Program(_stored(nodes, structure, None, body),
+                       lambda: _stored(nodes, structure, packing, body), packing)
     _PROGRAMS[structure] = program
     budget = int(config.raw("TORCHNEURON_FUSION_PROGRAMS"))
     while len(_PROGRAMS) > budget:
@@ -397,17 +393,45 @@ def _build(nodes, structure: tuple):
     return program
 
 
-class _PackedProgram:
-    """A trace's program called with its external inputs, its scalars packed
-    (runtime/packing.py)."""
+def _stored(nodes, structure: tuple, packing: ScalarPacking | None, body):
+    """The trace's jitted program (taking its scalars packed when `packing` is given), kept
+    on disk when its executables have stable names."""
+    jitted = jax.jit(body if packing is None else
+                     (lambda *arguments: body(*packing.unpack(arguments))))
+    digest = _trace_digest(nodes, structure, packing)
+    if digest is None:
+        STATS.compilations += 1  # at its first call
+        return jitted
+    return _StoredProgram(digest, jitted)
 
-    __slots__ = ("program", "pack")
 
-    def __init__(self, program, packing: ScalarPacking) -> None:
-        self.program, self.pack = program, packing.pack
+# Calls of a trace's program before it is compiled again to take its scalars packed
+# (runtime/packing.py): packing saves ~1 us per scalar per call (10-layer MLP SGD step 0.87 ->
+# 0.79 ms) but slows XLA's compilation (a tiny Llama's AdamW update: 0.23 -> 0.7 s), which a
+# program run only a few times would never earn back.
+_PACK_AFTER = 16
+
+
+class _Program:
+    """A trace's program: scalars passed one by one for its first `_PACK_AFTER` calls, then
+    packed (compiled, or loaded from disk, at that call)."""
+
+    __slots__ = ("plain", "make_packed", "packing", "packed", "calls")
+
+    def __init__(self, plain, make_packed: Callable, packing: ScalarPacking) -> None:
+        self.plain, self.make_packed, self.packing = plain, make_packed, packing
+        self.packed = None
+        self.calls = 0
 
     def __call__(self, *externals):
-        return self.program(*self.pack(externals))
+        packed = self.packed
+        if packed is not None:
+            return packed(*self.packing.pack(externals))
+        self.calls += 1
+        if self.calls > _PACK_AFTER and self.packing.groups:
+            self.packed = self.make_packed()
+            return self(*externals)
+        return self.plain(*externals)
 
 
 class _StoredProgram:
@@ -477,7 +501,7 @@ def _alone(fn):
     return fn.alone
 
 
-def _trace_digest(nodes, structure: tuple, packing: ScalarPacking) -> str | None:
+def _trace_digest(nodes, structure: tuple, packing: ScalarPacking | None) -> str | None:
     """What the trace computes, the same in every process: what every node computes (its
     executable's stable name), how they connect and what the trace keeps; None when a node
     has no stable name (then the program is kept in memory only) or the cache is off."""
