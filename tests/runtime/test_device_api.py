@@ -67,12 +67,14 @@ def test_synchronize_waits_for_queued_work():
 def test_synchronize_waits_for_everything_launched_before_it():
     # Programs launch asynchronously; the device runs them in launch order, so waiting for
     # the latest result (a small, independent one) waits for the long one launched first.
+    from torchneuron.runtime import fusion
+
     x = torch.randn(700, 700, device=N)
     torch.neuron.synchronize()
     big = x @ x @ x @ x
-    torch.neuron.synchronize()  # its trace runs as a program of its own
+    fusion.flush()  # launched as a program of its own; nothing waits for it
     small = torch.ones(3, device=N) + 1
-    torch.neuron.synchronize()
+    torch.neuron.synchronize()  # waits for the latest result: small's
     assert big.untyped_storage()._neuron_payload.buf.is_ready()
     assert small.cpu().tolist() == [2.0, 2.0, 2.0]
 
