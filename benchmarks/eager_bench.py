@@ -107,6 +107,23 @@ def _models():
             "MLP 10 x Linear 64 + ReLU, batch 64, SGD": mlp}
 
 
+_STEP_CONFIGS = ["cpu", "cpu 1 thread", "neuron", "neuron op-by-op"]
+
+
+def _steps_header() -> list[str]:
+    return ["| model | " + " | ".join(f"{c} (ms)" for c in _STEP_CONFIGS)
+            + " | neuron / cpu | neuron / cpu 1 thread |",
+            "|---|" + "---:|" * (len(_STEP_CONFIGS) + 2)]
+
+
+def _steps_row(name: str, times: dict[str, list[float]]) -> str:
+    """A table row: the median ms per step of each configuration, then neuron's ratios."""
+    med = {c: statistics.median(t) for c, t in times.items()}
+    cells = " | ".join(f"{med[c]:.2f}" for c in _STEP_CONFIGS)
+    return (f"| {name} | {cells} | {med['neuron'] / med['cpu']:.2f} | "
+            f"{med['neuron'] / med['cpu 1 thread']:.2f} |")
+
+
 _STEP_CHILD = """
     import json, sys
     sys.path.insert(0, {bench_dir!r})
@@ -116,7 +133,8 @@ _STEP_CHILD = """
 
 
 def time_one_config(name: str, config: str, steps: int) -> float:
-    """ms per step of one model and configuration in this process (3 warm-up steps first)."""
+    """ms per step of one model and configuration in this process, after warm-up steps (3 for
+    the GPT, 30 for the MLP: past the step where its fused program starts packing scalars)."""
     import torch
 
     from torchneuron.runtime import fusion
@@ -148,9 +166,8 @@ def time_one_config(name: str, config: str, steps: int) -> float:
 def measure_steps_isolated(args) -> list[str]:
     """As `steps`, but every (round, model, configuration) in a fresh process, so that one
     configuration's threads (XLA's pool, OpenMP's) cannot slow the next one down."""
-    configs = ["cpu", "cpu 1 thread", "neuron", "neuron op-by-op"]
-    rows = ["| model | " + " | ".join(f"{c} (ms)" for c in configs) + " | neuron / cpu | neuron / cpu 1 thread |",
-            "|---|" + "---:|" * (len(configs) + 2)]
+    configs = _STEP_CONFIGS
+    rows = _steps_header()
     for name in _models():
         times = {c: [] for c in configs}
         for _ in range(args.rounds):
@@ -158,10 +175,7 @@ def measure_steps_isolated(args) -> list[str]:
                 code = _STEP_CHILD.format(bench_dir=str(Path(__file__).resolve().parent),
                                           name=name, config=config, steps=args.steps)
                 times[config].append(_run_child(code, dict(os.environ)))
-        med = {c: statistics.median(t) for c, t in times.items()}
-        cells = " | ".join(f"{med[c]:.2f}" for c in configs)
-        rows.append(f"| {name} | {cells} | {med['neuron'] / med['cpu']:.2f} | "
-                    f"{med['neuron'] / med['cpu 1 thread']:.2f} |")
+        rows.append(_steps_row(name, times))
         print(rows[-1], flush=True)
     notes = [f"- median of {args.rounds} rounds; each round runs every configuration in its own "
              f"fresh process, one after another: {args.steps} GPT steps ({args.steps * 10} MLP "
@@ -174,10 +188,9 @@ def measure_steps(args) -> list[str]:
 
     from torchneuron.runtime import fusion
 
-    configs = ["cpu", "cpu 1 thread", "neuron", "neuron op-by-op"]
+    configs = _STEP_CONFIGS
     default_threads = torch.get_num_threads()
-    rows = ["| model | " + " | ".join(f"{c} (ms)" for c in configs) + " | neuron / cpu | neuron / cpu 1 thread |",
-            "|---|" + "---:|" * (len(configs) + 2)]
+    rows = _steps_header()
 
     def context(config):
         torch.set_num_threads(1 if config == "cpu 1 thread" else default_threads)
@@ -216,10 +229,7 @@ def measure_steps(args) -> list[str]:
                 if config.startswith("neuron"):
                     torch.neuron.synchronize()
                 times[config].append((time.perf_counter() - start) / n * 1e3)
-        med = {c: statistics.median(t) for c, t in times.items()}
-        cells = " | ".join(f"{med[c]:.2f}" for c in configs)
-        rows.append(f"| {name} | {cells} | {med['neuron'] / med['cpu']:.2f} | "
-                    f"{med['neuron'] / med['cpu 1 thread']:.2f} |")
+        rows.append(_steps_row(name, times))
         print(rows[-1], flush=True)
     torch.set_num_threads(default_threads)
     fusion.configure()

@@ -60,7 +60,7 @@ def _ones_like_elsewhere(self, *, dtype=None, layout=None, device=None, pin_memo
 def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
     # Compiled graphs only: in eager mode full_like's composite kernel runs empty_like + fill_.
-    return jnp.full(self.shape, fill_value, to_jax_dtype(dtype) if dtype is not None else self.dtype)
+    return jnp.full(self.shape, fill_value, _like_dtype(self, dtype))
 
 
 @lowers(aten._efficientzerotensor.default, static=("size",))
