@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torchneuron  # noqa: F401  (registers the neuron device)
+from torchneuron.runtime import _native, fastpath, fusion
 
 
 @pytest.fixture
@@ -29,3 +30,42 @@ def test_executables_follow_the_default_dtype(default_dtype, fn):
         expected, result = fn("cpu"), fn("neuron")
         assert result.dtype == expected.dtype == dtype
         torch.testing.assert_close(result.cpu(), expected)
+
+
+@pytest.mark.skipif(_native.fastpath() is None, reason="the C++ library could not be built")
+def test_repeated_scalar_arguments_keep_their_values_and_types():
+    # Calls run one by one pass a scalar seen before as a cached device array; the results
+    # must be those of Python numbers: weak types, -0.0, nan, complex and bool values.
+    native = _native.fastpath()
+    ints = torch.tensor([1, -2, 3])
+    floats = torch.tensor([1.5, -0.0, 2.0])
+    cases = [
+        lambda t, f: t + 3,
+        lambda t, f: t + (2**40 + 1),
+        lambda t, f: f.double() * 0.1,
+        lambda t, f: f.double().add(f.double(), alpha=0.1),
+        lambda t, f: f.half() * 70000.0,
+        lambda t, f: t * 2.5,
+        lambda t, f: f * -0.0,
+        lambda t, f: f * float("nan"),
+        lambda t, f: f * 1j,
+        lambda t, f: f.add(f, alpha=2),
+        lambda t, f: t.add(t, alpha=-7),
+        lambda t, f: f.pow(2),
+    ]
+    before = fusion.recording()
+    fusion.set_enabled(False)
+    try:
+        count = native.scalar_array_count()
+        ints_d, floats_d = ints.to("neuron"), floats.to("neuron")
+        for case in cases:
+            expected = case(ints, floats)
+            for _ in range(3):  # the first call learns, the third passes the cached array
+                result = case(ints_d, floats_d)
+                assert result.dtype == expected.dtype
+                torch.testing.assert_close(result.cpu(), expected, equal_nan=True)
+                assert torch.equal(result.cpu().real.signbit(), expected.real.signbit())
+        if fastpath.scalar_arrays_apply():
+            assert native.scalar_array_count() > count
+    finally:
+        fusion.set_enabled(before)

@@ -161,6 +161,7 @@ def install() -> None:
         native.init(dispatch_op, fastpath.describe, fastpath.take_last, storage._LATEST,
                     fusion.flush)
         native.install(direct)
+        native.set_scalar_arrays(fastpath.scalar_array if fastpath.scalar_arrays_apply() else None)
         fusion.configure()
         return
     fallback = torch.library.Library("_", "IMPL")

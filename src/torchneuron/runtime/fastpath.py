@@ -16,9 +16,10 @@ input is described by its signature, with the layouts PyTorch's meta kernel repo
 
 from __future__ import annotations
 
+import jax
 import torch
 
-from . import executable
+from . import executable, platform
 from .plan import SCALAR, STATIC, TENSOR, OpPlan, Route, plan_for
 
 # The kernel's routes (fastpath.cpp `Route`).
@@ -91,3 +92,19 @@ def _nbytes(shape, stride, dtype: torch.dtype) -> int:
     if any(s == 0 for s in shape):
         return 0
     return (1 + sum((s - 1) * st for s, st in zip(shape, stride))) * dtype.itemsize
+
+
+def scalar_array(value: bool | int | float | complex) -> jax.Array:
+    """`value` as the kernel passes a repeated scalar argument: an uncommitted device array,
+    weakly typed as the number is, so the executable sees the same abstract value."""
+    return jax.device_put(value)
+
+
+def scalar_arrays_apply() -> bool:
+    """Whether cached scalar arrays cost no transfer: an uncommitted array lives on JAX's
+    default device, so it must be the only device behind `neuron`."""
+    try:
+        devices = platform.jax_devices()
+    except RuntimeError:
+        return False
+    return len(devices) == 1 and devices[0] == jax.devices()[0]
