@@ -18,6 +18,7 @@ from typing import Any
 import sympy
 import torch
 from torch._dynamo.source import ConstantSource
+from torch._guards import SLoc
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
@@ -31,6 +32,15 @@ from .graph import CompiledGraph, LoweringError
 from .trace_shapes import Fit, NotBucketable, Size
 
 
+class _TraceShapeEnv(ShapeEnv):
+    """A ShapeEnv that records no source line for its symbols and guards: they come from a
+    replayed eager trace, not from user code, and ShapeEnv's first stack walk imports parts
+    of Inductor and torch.export (0.16 s of the first bucketed trace of a process)."""
+
+    def _get_sloc(self, framework_loc: str | None = None) -> SLoc:
+        return SLoc(framework_loc or "a bucketed eager trace (torchneuron)", None)
+
+
 class _Rebuild:
     """Replays a described trace on fake tensors of symbolic sizes, under make_fx."""
 
@@ -41,7 +51,7 @@ class _Rebuild:
         self.ints = ints
         self.externals = externals
         self.live = live
-        self.env = ShapeEnv()
+        self.env = _TraceShapeEnv()
         self.mode = FakeTensorMode(shape_env=self.env)
         hint = fit.size_of(ints)
         symbol = self.env.create_symbol(hint, source=ConstantSource("eager_size"),
