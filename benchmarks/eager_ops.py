@@ -6,12 +6,18 @@ The figure reported is the median over `--rounds` rounds, in microseconds per ca
 
     python benchmarks/eager_ops.py [--rounds 30] [--iters 50] [--write]
 
+The neuron device is measured twice per case, right after CPU: with adaptive eager (the
+default: ops are recorded and each round's ops run as one program at the synchronize) and op
+by op (fusion off for the case, as `TORCHNEURON_FUSION=0`: every call runs its executable at
+once, the synchronous path).
+
 `--write` also writes the table to docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -27,14 +33,26 @@ import torch
 from torch import nn
 
 import torchneuron
+from torchneuron.runtime import fusion
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "BENCHMARKS.md"
 
 
 def synchronize(device: str) -> None:
-    if device == "neuron":
+    if device.startswith("neuron"):
         torch.neuron.synchronize()
+
+
+@contextlib.contextmanager
+def fusion_off(off: bool):
+    """Adaptive eager off for the block (op by op), as TORCHNEURON_FUSION=0 does."""
+    before = fusion.recording()
+    fusion.set_enabled(before and not off)
+    try:
+        yield
+    finally:
+        fusion.set_enabled(before)
 
 
 # Each case builds its state on `device` and returns the callable to time, and how many
@@ -129,23 +147,31 @@ def main() -> int:
     )
 
     rows = [
-        "| case | cpu (us/call) | neuron (us/call) | neuron / cpu |",
-        "|---|---:|---:|---:|",
+        "| case | cpu (us/call) | neuron (us/call) | neuron op by op (us/call) | neuron / cpu "
+        "| op by op / cpu |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, build in CASES.items():
         iters = args.iters if "step" not in name else max(1, args.iters // 10)
         cpu = measure(build, "cpu", args.rounds, iters)
-        try:
-            neuron = measure(build, "neuron", args.rounds, iters)
-            cells = f"{neuron:.1f} | {neuron / cpu:.1f}x"
-        except Exception as err:  # a missing lowering must not hide the other rows
-            cells = f"error: {type(err).__name__} | -"
-        rows.append(f"| {name} | {cpu:.1f} | {cells} |")
+        times, ratios = [], []
+        for op_by_op in (False, True):
+            try:
+                with fusion_off(op_by_op):
+                    neuron = measure(build, "neuron", args.rounds, iters)
+                times.append(f"{neuron:.1f}")
+                ratios.append(f"{neuron / cpu:.1f}x")
+            except Exception as err:  # a missing lowering must not hide the other rows
+                times.append(f"error: {type(err).__name__}")
+                ratios.append("-")
+        rows.append(f"| {name} | {cpu:.1f} | {' | '.join(times)} | {' | '.join(ratios)} |")
 
     fallbacks = torchneuron.fallback_ops()
     notes = [
         f"- median of {args.rounds} rounds; {args.iters} calls per round "
-        f"({max(1, args.iters // 10)} for the training step), after warm-up",
+        f"({max(1, args.iters // 10)} for the training step), after warm-up; per case CPU, "
+        "then neuron (adaptive eager, the default), then neuron op by op (fusion off)",
+        f"- load average at end {os.getloadavg()[0]:.2f}",
         "- ops that fell back to CPU during the run: "
         + (", ".join(f"`{k}` ({v})" for k, v in sorted(fallbacks.items())) or "none"),
     ]
