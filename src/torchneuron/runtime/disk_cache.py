@@ -62,9 +62,12 @@ def entry_path(key: str, kind: str = GRAPHS) -> Path | None:
 def load(key: str, kind: str = GRAPHS):
     """The stored object for `key`, or None when absent; raises ValueError when corrupted."""
     path = entry_path(key, kind)
-    if path is None or not path.exists():
+    if path is None:
         return None
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:  # absent, or just removed by a size limit (this process's or another's)
+        return None
     if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 32:
         raise ValueError(f"bad header in {path}")
     digest = data[len(_MAGIC) : len(_MAGIC) + 32]

@@ -612,7 +612,10 @@ PyObject* scalar_input(const ScalarKey& key, PyObject* value) {
     Py_XDECREF(array);
     return value;
   }
-  scalar_arrays.emplace(key, Py_NewRef(array));
+  // The call ran Python code: another thread may have cached this value meanwhile.
+  if (scalar_arrays.emplace(key, array).second) {
+    Py_INCREF(array);
+  }
   Py_DECREF(value);
   return array;
 }
