@@ -62,6 +62,10 @@ class BucketRule:
         return self.kind != "off"
 
     def bucket(self, n: int) -> int:
+        if n <= 0:
+            # An empty size stays empty: code branches on zero (`x[:, -k:]` keeps everything
+            # at k == 0 and k items above), so a graph traced at 0 says nothing about 1.
+            return n
         if self.kind == "pow2":
             return max(self.minimum, 1 << max(n - 1, 0).bit_length())
         if self.kind == "multiple":
