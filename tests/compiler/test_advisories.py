@@ -4,6 +4,9 @@ must not split its graph, also after `torch._dynamo.reset()` (which drops Dynamo
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -42,3 +45,29 @@ def _compile_after_reset() -> None:
     torch.testing.assert_close(out.cpu(), torch.arange(4.0) * 2 + 1)
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     assert logging.Logger.warning_once in torch._dynamo.config.ignore_logging_functions
+
+
+_BACKEND_FIRST = """
+    import torch, torch._dynamo
+    import torchneuron.compiler.backend  # the backend loaded before transformers
+    torch._dynamo.reset()  # drops the start callback
+    import transformers
+    log = transformers.logging.get_logger("advised")
+    def advised(x):
+        log.warning_once("advice printed once per process")
+        return x * 2 + 1
+    x = torch.arange(4.0, device="neuron")
+    out = torch.compile(advised, backend="neuron")(x)  # the first compilation after the reset
+    assert torch.equal(out.cpu(), torch.arange(4.0) * 2 + 1)
+    breaks = dict(torch._dynamo.utils.counters["graph_break"])
+    print("graph breaks:", breaks)
+    assert not breaks
+"""
+
+
+def test_warning_once_does_not_split_a_first_graph_when_transformers_comes_later():
+    # Seen with pytest fixtures that reset Dynamo before each test: a test compiling an HF
+    # model after an earlier test had loaded the backend got a graph at warning_once.
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_BACKEND_FIRST)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
