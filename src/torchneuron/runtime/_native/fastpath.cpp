@@ -627,24 +627,27 @@ int64_t bits_of(T v) {
   return out;
 }
 
-// Python's value of a 0-dim CPU tensor, as `tensor.item()` gives it, or its cached array (new
-// reference).
-PyObject* host_scalar(const at::Tensor& t) {
-  c10::Scalar s = t.item();
+// A number argument as the executable takes it (a new reference: the Python number, or its
+// cached array), and its type's tag in the key.
+PyObject* number_input(const c10::Scalar& s, int64_t& tag) {
   if (s.isBoolean()) {
     const bool b = s.toBool();
+    tag = TAG_BOOL;
     return scalar_input({TAG_BOOL, b ? 1 : 0, 0}, PyBool_FromLong(b));
   }
   if (s.isIntegral(false)) {
     const int64_t i = s.toLong();
+    tag = TAG_INT;
     return scalar_input({TAG_INT, bits_of(i), 0}, PyLong_FromLongLong(i));
   }
   if (s.isComplex()) {
     auto c = s.toComplexDouble();
+    tag = TAG_COMPLEX;
     return scalar_input({TAG_COMPLEX, bits_of(c.real()), bits_of(c.imag())},
                         PyComplex_FromDoubles(c.real(), c.imag()));
   }
   const double d = s.toDouble();
+  tag = TAG_FLOAT;
   return scalar_input({TAG_FLOAT, bits_of(d), 0}, PyFloat_FromDouble(d));
 }
 
@@ -664,23 +667,10 @@ bool describe_call(const OpEntry& entry, const c10::IValue* args, Key& key,
       case SCALAR:
         if (v.isNone()) {
           key.push_back(TAG_NONE);
-        } else if (v.isDouble()) {
-          key.push_back(TAG_FLOAT);
-          const double d = v.toDouble();
-          inputs.push_back(scalar_input({TAG_FLOAT, bits_of(d), 0}, PyFloat_FromDouble(d)));
-        } else if (v.isBool()) {
-          key.push_back(TAG_BOOL);
-          const bool b = v.toBool();
-          inputs.push_back(scalar_input({TAG_BOOL, b ? 1 : 0, 0}, PyBool_FromLong(b)));
-        } else if (v.isInt()) {
-          key.push_back(TAG_INT);
-          const int64_t i = v.toInt();
-          inputs.push_back(scalar_input({TAG_INT, bits_of(i), 0}, PyLong_FromLongLong(i)));
-        } else if (v.isComplexDouble()) {
-          auto c = v.toComplexDouble();
-          key.push_back(TAG_COMPLEX);
-          inputs.push_back(scalar_input({TAG_COMPLEX, bits_of(c.real()), bits_of(c.imag())},
-                                        PyComplex_FromDoubles(c.real(), c.imag())));
+        } else if (v.isDouble() || v.isBool() || v.isInt() || v.isComplexDouble()) {
+          int64_t tag = 0;
+          inputs.push_back(number_input(v.toScalar(), tag));
+          key.push_back(tag);
         } else {
           return false;
         }
@@ -706,7 +696,8 @@ bool describe_call(const OpEntry& entry, const c10::IValue* args, Key& key,
             // A wrapped Python number (`x * 2.0`) promotes as a number, a 0-dim tensor of the
             // same dtype as a tensor (int64 * tensor(2.0, float64) is float64).
             key.push_back(t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0);
-            inputs.push_back(host_scalar(t));
+            int64_t tag = 0;  // the dtype above says it
+            inputs.push_back(number_input(t.item(), tag));
             break;
           }
           return false;  // Python raises PyTorch's device mismatch error
