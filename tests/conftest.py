@@ -34,6 +34,18 @@ _test_lib.impl("cpu_only_mix", lambda x, y: x * 2 + y, "CPU")
 _test_lib.impl("cpu_only_mix", lambda x, y: torch.empty_like(x), "Meta")
 
 
+@pytest.fixture(autouse=True)
+def no_unread_value_check():
+    """A test that provokes an index out of range reads it (it raises at the next sync point,
+    runtime/value_checks.py); one left unread would raise in a later test instead."""
+    yield
+    from torchneuron.runtime import value_checks
+    try:
+        value_checks.raise_failed()
+    except Exception as err:  # noqa: BLE001 - reported as this test's error
+        pytest.fail(f"a failed value check was never read by this test: {err}")
+
+
 @pytest.fixture
 def fresh_compile_state(tmp_path, monkeypatch):
     """A compile test's clean slate: its own on-disk cache directory, Dynamo reset before and

@@ -661,6 +661,8 @@ def check_error_inputs(op) -> dict:
         torchneuron.reset_op_counts()
         try:
             op(d.input, *d.args, **d.kwargs)
+            # An index out of range raises at the next sync point, as on CUDA.
+            torch.neuron.synchronize()
         except OpTimeout:
             raise
         except Exception as err:  # noqa: BLE001

@@ -10,6 +10,8 @@ import pytest
 import torch
 from lowering_checks import assert_native
 
+from torchneuron.runtime import fusion
+
 DEV = "neuron"
 
 
@@ -71,6 +73,7 @@ def raises_like_cpu(fn, *inputs, match=None, device_type=None):
     expected = device_type or type(cpu_err.value)
     with pytest.raises(expected, match=match):
         fn(*[t.to(DEV) for t in inputs])
+        torch.neuron.synchronize()  # an index out of range raises at the next sync point
 
 
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.bool]
@@ -367,8 +370,16 @@ def test_index_ops_errors_like_cpu():
     x = _data(torch.float32, (3, 4))
     raises_like_cpu(lambda t, i: t.index_select(0, i), x, L(3), match="index out of range")
     raises_like_cpu(lambda t, i: t.index_select(0, i), x, L(-1), match="index out of range")
-    raises_like_cpu(lambda t, i, s: t.index_add(0, i, s), x, L(3), x[:1],
-                    match="index 3 is out of bounds for dimension 0 with size 3")  # CPU's words
+    index_add = lambda t, i, s: t.index_add(0, i, s)  # noqa: E731
+    raises_like_cpu(index_add, x, L(3), x[:1], match="index out of range.*index_add")
+    # Run op by op, the error raises at the call, in CPU's words.
+    before = fusion.recording()
+    fusion.set_enabled(False)
+    try:
+        with pytest.raises(RuntimeError, match="index 3 is out of bounds for dimension 0 with size 3"):
+            index_add(x.to(DEV), L(3).to(DEV), x[:1].to(DEV))
+    finally:
+        fusion.set_enabled(before)
     raises_like_cpu(lambda t, i, s: t.index_copy(0, i, s), x, L(-1), x[:1], match="index_copy")
     raises_like_cpu(lambda t, i: t.index_fill(1, i, 0.0), x, L(-5))
     raises_like_cpu(lambda t, i, s: t.index_reduce(0, i, s, "prod"), x, L(3), x[:1])

@@ -382,7 +382,7 @@ def test_embedding(kw):
 def test_embedding_index_out_of_range(bad):
     w = torch.randn(6, 4).to(DEV)
     with pytest.raises(IndexError, match="index out of range in self"):
-        F.embedding(torch.tensor([0, bad], device=DEV), w)
+        F.embedding(torch.tensor([0, bad], device=DEV), w).cpu()  # raised at the next sync point
 
 
 # ---- losses ----------------------------------------------------------------------------
@@ -410,7 +410,7 @@ def test_nll_loss2d():
 def test_nll_loss_target_out_of_range():
     x = torch.randn(3, 4).to(DEV)
     with pytest.raises(IndexError, match="out of bounds"):
-        F.nll_loss(x, torch.tensor([0, 4, 1], device=DEV))
+        F.nll_loss(x, torch.tensor([0, 4, 1], device=DEV)).item()  # raised at the next sync point
 
 
 @pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1},
@@ -618,6 +618,7 @@ def test_embedding_renorm_negative_and_bad_index():
     torch.testing.assert_close(w_dev.cpu(), weight)
     with pytest.raises(IndexError):
         torch.embedding_renorm_(w_dev, torch.tensor([7], device=DEV), 1.0, 2.0)
+        torch.neuron.synchronize()  # raised at the next sync point
 
 
 # ---- replicate padding (negative widths crop) -----------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchneuron  # noqa: F401
+from torchneuron.runtime import fusion
 
 DEV = "neuron"
 
@@ -523,9 +524,19 @@ def test_a_failed_index_check_raises_cpus_message_and_names_the_call():
     index = torch.tensor([[0, 5]])
     with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 0 with size 2"):
         torch.gather(x, 0, index)
-    with pytest.raises(RuntimeError, match=r"index 5 is out of bounds for dimension 0 with size 2"
-                                           r" \(in aten.gather.default, called at .*\.py"):
-        torch.gather(x.to(DEV), 0, index.to(DEV))
+    # Run op by op, at the call in CPU's words; recorded (the default), at the next sync point
+    # in the check's words. Both name the op and the call's line.
+    before = fusion.recording()
+    fusion.set_enabled(False)
+    try:
+        with pytest.raises(RuntimeError, match=r"index 5 is out of bounds for dimension 0 with "
+                                               r"size 2 \(in aten.gather.default, called at .*\.py"):
+            torch.gather(x.to(DEV), 0, index.to(DEV))
+    finally:
+        fusion.set_enabled(before)
+    with pytest.raises(RuntimeError, match=r"gather\(\): index out of bounds .* \(in "
+                                           r"aten.gather.default, called at .*\.py"):
+        torch.gather(x.to(DEV), 0, index.to(DEV)).cpu()
 
 
 def test_group_norm_of_an_empty_batch():

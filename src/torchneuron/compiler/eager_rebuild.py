@@ -407,14 +407,8 @@ class Program:
             sizes = [self.fit.coefficients[v.index] * s + self.fit.offsets[v.index]
                      for v in shape]
             args.append(storage.new_tensor(sizes, dtype, None, externals[ref]))
-        if not sites:
-            outputs = self.compiled(*args)
-        else:
-            try:
-                outputs = self.compiled(*args)
-            except (IndexError, RuntimeError) as err:  # an index out of range: say where
-                _error, op, where = sites[-1]
-                raise type(err)(f"{err} (in {op}, called at {where})") from None
+        # A failed index check names the eager op and the user's line, not the graph's.
+        outputs = self.compiled(*args, check_sites=sites or None)
         values = []
         for t in outputs:
             payload = storage.ready_payload(t)

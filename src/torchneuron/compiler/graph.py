@@ -26,7 +26,6 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .. import __version__, config
 from ..lowerings import LOWERINGS, Lowering, overrides
 from ..lowerings.dtypes import to_jax_dtype, to_torch_dtype
-from ..lowerings.registry import index_exception
 from ..runtime import (
     disk_cache,
     fusion,
@@ -37,6 +36,7 @@ from ..runtime import (
     storage,
     strided,
     transfer,
+    value_checks,
 )
 from ..runtime.meta import promotion_dtype, promotion_operands
 from ..runtime.plan import NEURON, plan_for
@@ -273,8 +273,9 @@ class GraphInterpreter:
             raise
         except Exception as err:  # a lowering that cannot trace this call
             raise LoweringError(node, f"{type(err).__name__}: {err}") from err
-        if bad is not None:
-            checks.append((bad, lowering.index_error))
+        if bad is not None:  # with what a failed check raises (runtime/value_checks.py)
+            where = source_location(node) or "a compiled graph"
+            checks.append((bad, (lowering.index_error, str(node.target), where)))
         return opcall.cast_results(result, meta)
 
 
@@ -319,7 +320,9 @@ class CompiledGraph:
                     self.view_outputs[i] = view
         bump("graphs_compiled")
 
-    def __call__(self, *args) -> list:
+    def __call__(self, *args, check_sites: list | None = None) -> list:
+        """Run the graph on `args`; a failed value check raises at the next sync point, naming
+        its op and source line (or those of `check_sites`, one per check of the graph)."""
         call = self.bucketing.prepare(args) if self.bucketing is not None else None
         if call is not None:
             args = call.args
@@ -340,11 +343,11 @@ class CompiledGraph:
                 # A bucket that cannot be traced: per shape from now on (where a genuine
                 # error raises again, unpadded).
                 self.bucketing.give_up(getattr(err, "op_name", "a padding rewrite"), err)
-                return self(*call.original)
+                return self(*call.original, check_sites=check_sites)
         else:
             self.executables.move_to_end(cache_key)
             target_stats().memory_cache_hits += 1  # the hot path: no lock for a statistic
-        executable, out_layouts, messages = entry
+        executable, out_layouts, sites = entry
         draws = [rng.split_draw(rng.next_draw(None)) for _ in self.interpreter.rng_nodes] \
             if self.interpreter.rng_nodes else []
         sizes = [] if call is None else call.sizes
@@ -355,10 +358,14 @@ class CompiledGraph:
             outputs, checks, writes = executable(*_split(inputs, donated), draws, sizes)
         else:
             outputs, checks, writes = executable([], inputs, draws, sizes)
-        if messages:
-            for bad, message in zip(checks, messages):
-                if bool(bad):
-                    raise index_exception(message)
+        if sites:
+            if check_sites is not None and len(check_sites) == len(sites):
+                sites = check_sites
+            for bad, site in zip(checks, sites):
+                if not value_checks.raises_at_call(site[0]):
+                    value_checks.defer(bad, site)
+                elif bool(bad):
+                    raise value_checks.error_of(site)
         if self.host_updates is not None:
             self.host_updates.apply(args)
         if writes:
@@ -462,7 +469,7 @@ class CompiledGraph:
         aliased, donated = key[-1]
         out_nodes = self._output_metas()
         layouts: list = []
-        messages: list = []
+        sites: list = []
 
         def fn(donated_buffers, kept, draws, sizes):
             values, raw = self._placeholder_values(key, _merge(donated_buffers, kept, donated))
@@ -503,7 +510,7 @@ class CompiledGraph:
                     writes.append(strided.scatter(buf, offset, value, spec))
                 else:
                     writes.append(value)
-            messages[:] = [message for _, message in checks]
+            sites[:] = [site for _, site in checks]
             return flat, [bad for bad, _ in checks], writes
 
         # Donated buffers (parameters, optimizer state) are overwritten in place by XLA.
@@ -520,7 +527,7 @@ class CompiledGraph:
             else:
                 bump("xla_compilations")
                 self._store_on_disk(disk_key, executable)
-        entry = (executable, list(layouts), list(messages))
+        entry = (executable, list(layouts), list(sites))
         self.executables[cache_key] = entry
         while len(self.executables) > self.max_shapes:
             self.executables.popitem(last=False)

@@ -26,7 +26,7 @@ import torch
 from jax import lax
 
 from .dtypes import scalar_type_name
-from .registry import eager_form, graph_form, lowers
+from .registry import at_call, eager_form, graph_form, lowers
 
 aten = torch.ops.aten
 INDEX = jnp.int64
@@ -588,7 +588,7 @@ def masked_select(x, mask):
 
 
 @lowers(aten.masked_scatter.default,
-        index_error=(RuntimeError, "Number of elements of source < number of ones in mask"))
+        index_error=at_call(RuntimeError, "Number of elements of source < number of ones in mask"))
 def masked_scatter(x, mask, source):
     if mask.dtype != jnp.bool_:
         raise RuntimeError(

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import Promotion, lowers
+from .registry import Promotion, at_call, lowers
 
 aten = torch.ops.aten
 
@@ -322,14 +322,15 @@ def _cholesky_with_info(A, upper: bool):
 _NOT_PD = "linalg.cholesky: The factorization could not be completed because the input is not positive-definite."
 
 
-@lowers(aten.linalg_cholesky_ex.default, index_error=(torch.linalg.LinAlgError, _NOT_PD))
+@lowers(aten.linalg_cholesky_ex.default, index_error=at_call(torch.linalg.LinAlgError, _NOT_PD))
 def linalg_cholesky_ex(A, *, upper=False, check_errors=False):
     L, info = _cholesky_with_info(A, upper)
     return (L, info), (jnp.any(info != 0) if check_errors else jnp.zeros((), bool))
 
 
 @lowers(aten.cholesky.default,
-        index_error=(torch.linalg.LinAlgError, _NOT_PD.replace("linalg.cholesky", "cholesky")))
+        index_error=at_call(torch.linalg.LinAlgError,
+                            _NOT_PD.replace("linalg.cholesky", "cholesky")))
 def cholesky(A, upper=False):
     L, info = _cholesky_with_info(A, upper)
     return L, jnp.any(info != 0)

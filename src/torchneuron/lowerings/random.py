@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .dtypes import not_implemented_for, scalar_type_name, to_jax_dtype
-from .registry import decomposes, lowers
+from .registry import at_call, decomposes, lowers
 
 aten = torch.ops.aten
 
@@ -123,7 +123,7 @@ def normal_tensor_float(mean, std=1.0, *, generator=None, key):
 
 # A std tensor is checked by value, as CPU and CUDA check it (a NaN fails too): through the
 # runtime's check flag, raised when the call's result is computed.
-_NEGATIVE_STD = (RuntimeError, "normal expects all elements of std >= 0.0")
+_NEGATIVE_STD = at_call(RuntimeError, "normal expects all elements of std >= 0.0")
 
 
 def _std_is_bad(std):
@@ -375,7 +375,7 @@ def native_dropout_backward(grad_output, mask, scale):
 
 
 @lowers(aten.multinomial.default, rng=True,
-        index_error=(RuntimeError, "invalid multinomial distribution: the probability tensor "
+        index_error=at_call(RuntimeError, "invalid multinomial distribution: the probability tensor "
                      "contains `inf`, `nan` or an element < 0, or a row sums to <= 0"))
 def multinomial(probs, num_samples, replacement=False, *, generator=None, key):
     """Categorical draws per row. Without replacement: the Gumbel top-k trick (the k largest

@@ -150,6 +150,18 @@ def eager_form(fn: Callable, *, only_when: Callable[[dict], bool]) -> Lowering:
     return Lowering(fn, only_when=only_when, signature_decides=only_when)
 
 
+class CheckedAtCall(tuple):
+    """An `index_error` (exception class, message) whose failed check raises at the call, not
+    at the next sync point: a check that CUDA's kernels read back at once too (a singular
+    matrix, a bad distribution), which code catches to retry. Out-of-range indices, which
+    CUDA reports by device-side asserts, are read at the next sync point."""
+
+
+def at_call(cls: type[Exception], message: str) -> CheckedAtCall:
+    """`index_error=at_call(cls, message)`: see `CheckedAtCall`."""
+    return CheckedAtCall((cls, message))
+
+
 def index_exception(index_error: str | tuple[type[Exception], str]) -> Exception:
     """The exception a failed index check raises."""
     if isinstance(index_error, tuple):

@@ -15,7 +15,7 @@ import torch
 from jax import lax
 from jax.lax import linalg as lax_linalg
 
-from .registry import lowers
+from .registry import at_call, lowers
 
 aten = torch.ops.aten
 
@@ -176,7 +176,7 @@ def _unpack_lu(lu: jax.Array) -> tuple[jax.Array, jax.Array]:
     return lower, upper
 
 
-@lowers(aten.lu_unpack.default, index_error=(RuntimeError, _ERRORS["unpack"]))
+@lowers(aten.lu_unpack.default, index_error=at_call(RuntimeError, _ERRORS["unpack"]))
 def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
     m = lu.shape[-2]
     empty = jnp.zeros((0,), lu.dtype)
@@ -197,7 +197,7 @@ def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
     return _lu_solve(lu, perm, b, left, adjoint)
 
 
-@lowers(aten.linalg_inv_ex.default, index_error=(torch.linalg.LinAlgError, _ERRORS["inv"]))
+@lowers(aten.linalg_inv_ex.default, index_error=at_call(torch.linalg.LinAlgError, _ERRORS["inv"]))
 def linalg_inv_ex(a, *, check_errors=False):
     lu, _pivots, perm, info = _lu(a)
     inverse = _lu_solve_left(lu, perm, _eye_like(a), adjoint=False)
@@ -209,7 +209,7 @@ def _is_vector_rhs(a: jax.Array, b: jax.Array) -> bool:
     return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
 
 
-@lowers(aten._linalg_solve_ex.default, index_error=(torch.linalg.LinAlgError, _ERRORS["solve"]))
+@lowers(aten._linalg_solve_ex.default, index_error=at_call(torch.linalg.LinAlgError, _ERRORS["solve"]))
 def linalg_solve_ex(a, b, *, left=True, check_errors=False):
     # PyTorch factors A itself here (its backward solves with adjoint=True on these factors).
     lu, pivots, perm, info = _lu(a)

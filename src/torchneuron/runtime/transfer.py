@@ -16,7 +16,7 @@ from ..lowerings.dtypes import (
     is_bit_container,
     to_jax_dtype,
 )
-from . import storage, strided
+from . import storage, strided, value_checks
 from .plan import NEURON
 
 aten = torch.ops.aten
@@ -42,7 +42,8 @@ def logical_array(t: torch.Tensor) -> jax.Array:
 
 def logical_host_array(t: torch.Tensor) -> np.ndarray:
     """The logical value of a neuron tensor as a (read-only) numpy array; on the CPU platform
-    it is a view of the tensor's buffer, with nothing compiled or copied."""
+    it is a view of the tensor's buffer, with nothing compiled or copied. (The runtime's own
+    reads, not a sync point: they raise no deferred check.)"""
     view = _host_view(t)
     return np.asarray(jax.device_get(logical_array(t))) if view is None else view
 
@@ -101,7 +102,9 @@ def numpy_to_cpu(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 def neuron_to_cpu(t: torch.Tensor) -> torch.Tensor:
-    """The logical value of a neuron tensor as a new contiguous CPU tensor."""
+    """The logical value of a neuron tensor as a new contiguous CPU tensor: a read on the host,
+    a sync point (it raises a failed deferred check)."""
+    value_checks.raise_failed()
     view = _host_view(t)
     if view is not None:
         return numpy_to_cpu(np.array(view, order="C", copy=True), t.dtype).reshape(t.shape)
