@@ -141,12 +141,19 @@ def test_linalg_errors_still_raise_at_the_call():
 
 
 _AT_THE_CALL = """
-    import torch, torchneuron
+    import os, torch, torchneuron
     x = torch.randn(4, 3, device="neuron")
     try:
         torch.index_select(x, 0, torch.tensor([0, 7], device="neuron"))
     except IndexError as err:
         print("AT THE CALL:", err)
+    if os.environ.get("TORCHNEURON_LAUNCH_BLOCKING") == "1":  # compiled graphs too
+        lookup = torch.compile(lambda w, i: torch.nn.functional.embedding(i, w), backend="neuron")
+        lookup(x, torch.tensor([1], device="neuron"))
+        try:
+            lookup(x, torch.tensor([9], device="neuron"))
+        except IndexError as err:
+            print("GRAPH AT THE CALL:", err)
 """
 
 
@@ -158,3 +165,5 @@ def test_launch_blocking_and_op_by_op_raise_at_the_call_as_cpu_words_it(env):
                           env={**inherited, **env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "AT THE CALL: index out of range in self" in proc.stdout
+    if "TORCHNEURON_LAUNCH_BLOCKING" in env:
+        assert "GRAPH AT THE CALL: index out of range in self (in aten.embedding" in proc.stdout
