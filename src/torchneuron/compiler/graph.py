@@ -409,15 +409,21 @@ class CompiledGraph:
         inputs: list = []
         mutations = self.interpreter.mutations
         buffer_at = {}  # mutated placeholder -> position of its storage buffer in `inputs`
+        plain_key = signature.plain_tensor_key
         for index, value in enumerate(args):
-            if isinstance(value, torch.Tensor):
-                if value.device.type == "cpu" and value.dim() > 0:
+            start = len(inputs)
+            k = plain_key(value, inputs)  # the common cases: a device tensor with its buffer
+            if k is not None:
+                key.append(k)
+                if index in mutations and isinstance(k[0], torch.dtype):
+                    buffer_at[index] = start
+            elif isinstance(value, torch.Tensor):
+                if value.is_cpu and value.dim() > 0:
                     # A host tensor the graph moves to the device itself (`batch.to("neuron")`
                     # inside the compiled function): its values are the executable's input.
                     inputs.append(transfer.cpu_to_numpy(value))
                     key.append((_HOST_ARRAY, value.dtype, tuple(value.shape)))
                     continue
-                start = len(inputs)
                 k = signature.tensor_key(value, inputs)
                 key.append(k)
                 if index in mutations and isinstance(k[0], torch.dtype):
@@ -430,8 +436,13 @@ class CompiledGraph:
         if mutations:
             # Mutated inputs sharing a storage cannot each swap in a whole buffer: then the
             # executable returns the values and they are copied in one by one.
-            storages = [args[i].untyped_storage()._cdata for i in mutations
-                        if _is_device_tensor(args[i])]
+            if all(i in buffer_at or not _is_device_tensor(args[i]) for i in mutations):
+                # The tensors of one storage pass its one buffer object (two storages that
+                # share an array count as aliased too, which only costs the copies).
+                storages = [id(inputs[p]) for p in buffer_at.values()]
+            else:
+                storages = [args[i].untyped_storage()._cdata for i in mutations
+                            if _is_device_tensor(args[i])]
             aliased = len(set(storages)) != len(storages)
             if self.donate and not aliased and buffer_at:
                 # A buffer the executable overwrites must reach it once, and only through

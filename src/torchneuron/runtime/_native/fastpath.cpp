@@ -1327,6 +1327,116 @@ PyObject* py_forget_executable(PyObject* /*self*/, PyObject* fn) {
   Py_RETURN_NONE;
 }
 
+// runtime/signature.tensor_key for the common arguments of a compiled graph: a neuron tensor
+// whose storage holds a buffer in its dtype, without lazy conj/neg bits, and a 0-dim CPU
+// tensor. Appends its inputs (the buffer, and the storage offset of a view; the CPU tensor's
+// value) to `inputs` and returns its key, (dtype, ViewSpec(shape, stride, mode)) or ("host",
+// dtype); None for anything else (Python keys it).
+PyObject* view_spec_type = nullptr;  // runtime.strided.ViewSpec, imported at first use
+
+PyObject* py_tensor_key(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "tensor_key(tensor, inputs: list)");
+    return nullptr;
+  }
+  if (!THPVariable_Check(args[0])) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor& t = THPVariable_Unpack(args[0]);
+  if (!t.defined() || t.is_conj() || t.is_neg()) {
+    Py_RETURN_NONE;
+  }
+  if (t.device().type() == c10::DeviceType::CPU && t.dim() == 0 && !t.requires_grad()) {
+    // A 0-dim CPU tensor (an optimizer's step counter): its value is the input, as
+    // Python's `t.item()`, keyed ("host", dtype).
+    const at::Scalar value = t.item();
+    PyObject* item = nullptr;
+    if (value.isBoolean()) {
+      item = PyBool_FromLong(value.toBool());
+    } else if (value.isIntegral(false)) {
+      item = PyLong_FromLongLong(value.toLong());
+    } else if (value.isFloatingPoint()) {
+      item = PyFloat_FromDouble(value.toDouble());
+    } else {
+      Py_RETURN_NONE;  // complex: Python keys it
+    }
+    if (item == nullptr || PyList_Append(args[1], item) < 0) {
+      Py_XDECREF(item);
+      return nullptr;
+    }
+    Py_DECREF(item);
+    static PyObject* host_tag = PyUnicode_InternFromString("host");
+    return Py_BuildValue("(OO)", host_tag, dtype_object(t.scalar_type()));
+  }
+  if (t.device().type() != c10::DeviceType::PrivateUse1) {
+    Py_RETURN_NONE;
+  }
+  PyObject* payload = payload_of(t);
+  if (payload == nullptr) {
+    Py_RETURN_NONE;
+  }
+  auto* p = reinterpret_cast<PayloadObject*>(payload);
+  PyObject* dtype = dtype_object(t.scalar_type());
+  if (p->dtype != dtype || p->buf == Py_None) {
+    Py_DECREF(payload);
+    Py_RETURN_NONE;
+  }
+  if (view_spec_type == nullptr) {
+    PyObject* module = PyImport_ImportModule("torchneuron.runtime.strided");
+    if (module == nullptr) {
+      Py_DECREF(payload);
+      return nullptr;
+    }
+    view_spec_type = PyObject_GetAttrString(module, "ViewSpec");
+    Py_DECREF(module);
+    if (view_spec_type == nullptr) {
+      Py_DECREF(payload);
+      return nullptr;
+    }
+  }
+  const int64_t offset = t.storage_offset();
+  int64_t mode = MODE_STRIDED;
+  if (t.is_contiguous()) {
+    mode = offset == 0 && t.numel() * static_cast<int64_t>(t.element_size()) == p->nbytes
+               ? MODE_FULL
+               : MODE_SLICE;
+  }
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+  PyObject* stride = PyTuple_New(static_cast<Py_ssize_t>(strides.size()));
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(sizes[d]));
+    PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(strides[d]));
+  }
+  // ViewSpec(shape, stride, mode) as tuple.__new__(ViewSpec, ...) makes it: a NamedTuple's
+  // own __new__ is a Python function, most of this call's cost.
+  PyObject* fields = Py_BuildValue("(NNL)", shape, stride, static_cast<long long>(mode));
+  PyObject* new_args = fields == nullptr ? nullptr : PyTuple_Pack(1, fields);
+  Py_XDECREF(fields);
+  PyObject* spec = new_args == nullptr
+                       ? nullptr
+                       : PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(view_spec_type),
+                                             new_args, nullptr);
+  Py_XDECREF(new_args);
+  if (spec == nullptr || PyList_Append(args[1], p->buf) < 0) {
+    Py_XDECREF(spec);
+    Py_DECREF(payload);
+    return nullptr;
+  }
+  Py_DECREF(payload);
+  if (mode != MODE_FULL) {
+    PyObject* start = PyLong_FromLongLong(offset);
+    int failed = PyList_Append(args[1], start);
+    Py_DECREF(start);
+    if (failed < 0) {
+      Py_DECREF(spec);
+      return nullptr;
+    }
+  }
+  return Py_BuildValue("(ON)", dtype, spec);
+}
+
 PyObject* py_memory_stats(PyObject* /*self*/, PyObject* /*unused*/) {
   return Py_BuildValue("(LLLL)", static_cast<long long>(stats.allocated),
                        static_cast<long long>(stats.peak), static_cast<long long>(stats.num_alloc),
@@ -1357,6 +1467,8 @@ PyMethodDef methods[] = {
     {"forget", py_forget, METH_NOARGS, "drop every learned executable"},
     {"forget_executable", py_forget_executable, METH_O, "drop the learned executables calling fn"},
     {"memory_stats", py_memory_stats, METH_NOARGS, "(allocated, peak, num_alloc, num_free)"},
+    {"tensor_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_tensor_key)),
+     METH_FASTCALL, "tensor_key(tensor, inputs): a plain neuron tensor's key, or None"},
     {"reset_peak", py_reset_peak, METH_NOARGS, "peak := allocated"},
     {nullptr, nullptr, 0, nullptr},
 };
