@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torchneuron  # noqa: F401  (registers the neuron device)
+from torchneuron.runtime import signature
 
 DEV = "neuron"
 _IDX = torch.tensor([0, 2, 2])
@@ -81,3 +82,51 @@ def test_a_0dim_cpu_tensor_promotes_apart_from_a_python_number():
             result = op(x.to(DEV), other())
             assert result.dtype == expected.dtype
             torch.testing.assert_close(result.cpu(), expected)
+
+
+def _views() -> dict:
+    base = torch.arange(24.0, device=DEV).reshape(4, 6)
+    return {
+        "whole": base,
+        "slice": base[1:3],
+        "strided": base.t(),
+        "int64 whole": torch.arange(5, device=DEV),
+        "bool": torch.ones(3, dtype=torch.bool, device=DEV),
+        "bfloat16": torch.ones(2, 3, dtype=torch.bfloat16, device=DEV),
+        "0-dim device": torch.tensor(2.5, device=DEV),
+        "cpu step counter": torch.tensor(3.0),
+        "cpu int": torch.tensor(7),
+        "cpu bool": torch.tensor(True),
+        "reinterpreted": base.view(torch.int32),
+    }
+
+
+@pytest.mark.skipif(signature.plain_tensor_key is signature._python_plain_tensor_key,
+                    reason="the C++ library is not built in this process")
+@pytest.mark.parametrize("name", list(_views()))
+def test_native_key_of_a_plain_tensor_equals_pythons(name):
+    # Compiled graphs key their tensor arguments with the C++ library's tensor_key; it must
+    # give the key and inputs Python gives (signature.tensor_key), or leave the tensor to it.
+    t = _views()[name]
+    native_inputs, python_inputs = [], []
+    native = signature.plain_tensor_key(t, native_inputs)
+    python = signature.tensor_key(t, python_inputs)
+    if native is None:
+        assert native_inputs == []
+        return
+    assert native == python and hash(native) == hash(python)
+    assert type(native[1]) is type(python[1])
+    assert len(native_inputs) == len(python_inputs)
+    for a, b in zip(native_inputs, python_inputs):
+        assert a is b or (type(a) is type(b) and a == b)
+
+
+@pytest.mark.skipif(signature.plain_tensor_key is signature._python_plain_tensor_key,
+                    reason="the C++ library is not built in this process")
+def test_native_key_leaves_other_arguments_to_python():
+    inputs: list = []
+    for value in (3, 2.0, None, torch.ones(2), torch.tensor(1 + 2j),
+                  torch.ones((), requires_grad=True),
+                  torch.ones(2, dtype=torch.complex64, device=DEV).conj()):
+        assert signature.plain_tensor_key(value, inputs) is None, value
+    assert inputs == []
