@@ -161,6 +161,7 @@ def test_step_counters_are_computed_on_the_host_without_waiting_for_the_executab
     step()  # compiles
     (graph,) = set(_graphs_called(step))
     assert graph.host_updates is not None and len(graph.host_updates.targets) == len(params)
+    assert graph.host_updates.increment == 1  # written by one `_foreach_add_`
     reads = []
     original_get = graph_module.jax.device_get
     monkeypatch.setattr(graph_module.jax, "device_get", lambda x: reads.append(x) or original_get(x))

@@ -40,12 +40,52 @@ class HostUpdates:
         self.module = module
         self.sources = sources
         self.targets = targets
+        self.increment = _common_increment(module, sources, targets)
 
     def apply(self, args) -> None:
         """Compute every new value first (they read the old ones), then write them."""
-        values = self.module.forward(*[args[i] for i in self.sources])
         with torch.no_grad():
+            if self.increment is not None:  # `step += 1` of every counter: one CPU kernel
+                torch._foreach_add_([args[i] for i in self.targets], self.increment)
+                return
+            values = self.module.forward(*[args[i] for i in self.sources])
             torch._foreach_copy_([args[i] for i in self.targets], list(values))
+
+
+def _common_increment(module: torch.fx.GraphModule, sources: list[int],
+                      targets: list[int]) -> int | float | None:
+    """The number n where every new value is its own target plus n (an optimizer's step
+    counters), which `_foreach_add_` writes in place with the same result as the module's adds
+    and copies (~5 against ~50 us for six counters); else None."""
+    placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
+    (output,) = [node for node in module.graph.nodes if node.op == "output"]
+    amounts = set()
+    for target, value in zip(targets, output.args[0]):
+        base, amount = _added(value)
+        if not (base in placeholders and sources[placeholders.index(base)] == target):
+            return None
+        base_value = _val(base)
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not isinstance(
+                base_value, torch.Tensor) or not (base_value.dtype.is_floating_point
+                                                  or isinstance(amount, int)):
+            return None
+        amounts.add(amount)
+    return amounts.pop() if len(amounts) == 1 else None
+
+
+def _added(value) -> tuple:
+    """(x, n) for a node computing x + n (`add`, or an item of `_foreach_add`), else (None,
+    None)."""
+    if not isinstance(value, torch.fx.Node) or value.op != "call_function" or value.kwargs:
+        return None, None
+    if value.target in (aten.add.Tensor, aten.add.Scalar) and len(value.args) == 2:
+        return value.args
+    if value.target is operator.getitem:
+        source, item = value.args
+        if (isinstance(source, torch.fx.Node) and source.target is aten._foreach_add.Scalar
+                and len(source.args) == 2 and not source.kwargs):
+            return source.args[0][item], source.args[1]
+    return None, None
 
 
 def find(nodes: list[torch.fx.Node], placeholders: list[torch.fx.Node],
@@ -93,6 +133,7 @@ def find(nodes: list[torch.fx.Node], placeholders: list[torch.fx.Node],
             continue
         if node.op == "placeholder":
             env[node] = graph.placeholder(node.name)
+            env[node].meta["val"] = node.meta.get("val")  # its dtype decides `increment`
             sources.append(slot[node])
         else:
             env[node] = graph.node_copy(node, lambda n: env[n])
