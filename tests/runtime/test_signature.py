@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchneuron  # noqa: F401  (registers the neuron device)
-from torchneuron.runtime import signature
+from torchneuron.runtime import signature, storage
 
 DEV = "neuron"
 _IDX = torch.tensor([0, 2, 2])
@@ -130,3 +130,17 @@ def test_native_key_leaves_other_arguments_to_python():
                   torch.ones(2, dtype=torch.complex64, device=DEV).conj()):
         assert signature.plain_tensor_key(value, inputs) is None, value
     assert inputs == []
+
+
+@pytest.mark.skipif(signature.set_buffers is signature._python_set_buffers,
+                    reason="the C++ library is not built in this process")
+def test_set_buffers_swaps_storage_buffers_or_changes_nothing():
+    a, b = torch.zeros(3, device=DEV), torch.zeros(2, 2, device=DEV)
+    new_a, new_b = torch.arange(3.0, device=DEV), torch.ones(4, device=DEV)
+    buffers = [storage.storage_buffer(t.untyped_storage(), t.dtype) for t in (new_a, new_b)]
+    assert signature.set_buffers([a, b], buffers) is True
+    torch.testing.assert_close(a.cpu(), torch.arange(3.0))
+    torch.testing.assert_close(b.cpu(), torch.ones(2, 2))
+    # A tensor without a payload (another device): nothing is written, Python takes over.
+    assert signature.set_buffers([a, torch.zeros(3)], [buffers[1], buffers[0]]) is False
+    torch.testing.assert_close(a.cpu(), torch.arange(3.0))

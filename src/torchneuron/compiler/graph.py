@@ -375,6 +375,11 @@ class CompiledGraph:
 
     def _apply_mutations(self, key: tuple, args, writes: list) -> None:
         aliased = key[-1][0]
+        if not aliased and all(isinstance(key[i][0], torch.dtype) for i in self.mutation_order):
+            # Plain neuron tensors only (parameters, optimizer state): the executable returned
+            # their new storage buffers, swapped in by the C++ library where it is built.
+            if signature.set_buffers([args[i] for i in self.mutation_order], list(writes)):
+                return
         host = []
         for index, new in zip(self.mutation_order, writes):
             dst = args[index]

@@ -62,6 +62,15 @@ def _python_plain_tensor_key(t, inputs: list) -> None:
 plain_tensor_key = getattr(_native.fastpath(), "tensor_key", _python_plain_tensor_key)
 
 
+def _python_set_buffers(_tensors: list, _buffers: list) -> bool:
+    return False  # the caller writes them through storage.set_storage_buffer
+
+
+# A compiled graph's new storage buffers for its plain mutated inputs, swapped in by C++ (as
+# storage.set_storage_buffer does, for arrays); False where the caller must write them.
+set_buffers = getattr(_native.fastpath(), "set_buffers", _python_set_buffers)
+
+
 def _plain_key(t: torch.Tensor, inputs: list) -> tuple:
     payload = storage.ready_payload(t)  # the common case: one lookup, no device check needed
     if payload is None:

@@ -1437,6 +1437,52 @@ PyObject* py_tensor_key(PyObject* /*self*/, PyObject* const* args, Py_ssize_t na
   return Py_BuildValue("(ON)", dtype, spec);
 }
 
+// set_buffers(tensors, buffers): each neuron tensor's storage takes the new buffer (a fresh
+// jax.Array in the tensor's dtype), as storage.set_storage_buffer does; a compiled graph's
+// writes into its plain mutated inputs. False, with nothing changed, when a tensor has no
+// payload (Python then writes them).
+PyObject* py_set_buffers(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "set_buffers(tensors: list, buffers: list)");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(args[0]);
+  c10::SmallVector<PyObject*, 32> payloads;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* obj = PyList_GET_ITEM(args[0], i);
+    PyObject* payload = nullptr;
+    if (THPVariable_Check(obj)) {
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
+        payload = payload_of(t);
+      }
+    }
+    if (payload == nullptr) {
+      for (PyObject* p : payloads) {
+        Py_DECREF(p);
+      }
+      Py_RETURN_FALSE;
+    }
+    payloads.push_back(payload);
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    auto* p = reinterpret_cast<PayloadObject*>(payloads[i]);
+    const at::Tensor& t = THPVariable_Unpack(PyList_GET_ITEM(args[0], i));
+    PyObject* dtype = dtype_object(t.scalar_type());
+    Py_INCREF(dtype);
+    Py_SETREF(p->dtype, dtype);
+    PyObject* buf = PyList_GET_ITEM(args[1], i);
+    Py_INCREF(buf);
+    Py_SETREF(p->buf, buf);
+    if (i == n - 1) {
+      set_latest(buf);
+    }
+    Py_DECREF(payloads[i]);
+  }
+  Py_RETURN_TRUE;
+}
+
 PyObject* py_memory_stats(PyObject* /*self*/, PyObject* /*unused*/) {
   return Py_BuildValue("(LLLL)", static_cast<long long>(stats.allocated),
                        static_cast<long long>(stats.peak), static_cast<long long>(stats.num_alloc),
@@ -1467,6 +1513,8 @@ PyMethodDef methods[] = {
     {"forget", py_forget, METH_NOARGS, "drop every learned executable"},
     {"forget_executable", py_forget_executable, METH_O, "drop the learned executables calling fn"},
     {"memory_stats", py_memory_stats, METH_NOARGS, "(allocated, peak, num_alloc, num_free)"},
+    {"set_buffers", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_set_buffers)),
+     METH_FASTCALL, "set_buffers(tensors, buffers): new storage buffers, or False"},
     {"tensor_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_tensor_key)),
      METH_FASTCALL, "tensor_key(tensor, inputs): a plain neuron tensor's key, or None"},
     {"reset_peak", py_reset_peak, METH_NOARGS, "peak := allocated"},
