@@ -362,10 +362,7 @@ class CompiledGraph:
             if check_sites is not None and len(check_sites) == len(sites):
                 sites = check_sites
             for bad, site in zip(checks, sites):
-                if not value_checks.raises_at_call(site[0]):
-                    value_checks.defer(bad, site)
-                elif bool(bad):
-                    raise value_checks.error_of(site)
+                value_checks.check(bad, site)
         if self.host_updates is not None:
             self.host_updates.apply(args)
         if writes:

@@ -64,10 +64,12 @@ def _common_increment(module: torch.fx.GraphModule, sources: list[int],
         base, amount = _added(value)
         if not (base in placeholders and sources[placeholders.index(base)] == target):
             return None
-        base_value = _val(base)
-        if isinstance(amount, bool) or not isinstance(amount, int | float) or not isinstance(
-                base_value, torch.Tensor) or not (base_value.dtype.is_floating_point
-                                                  or isinstance(amount, int)):
+        counter = _val(base)
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            return None
+        # An integer counter plus a float would be promoted, then truncated by the copy.
+        if not isinstance(counter, torch.Tensor) or not (
+                counter.dtype.is_floating_point or isinstance(amount, int)):
             return None
         amounts.add(amount)
     return amounts.pop() if len(amounts) == 1 else None

@@ -275,10 +275,7 @@ def flush() -> None:
         if values:
             LATEST[0] = values[-1]
         for flag, (_value, site) in zip(flags, checks):
-            if not value_checks.raises_at_call(site[0]):
-                value_checks.defer(flag, site)
-            elif bool(flag):
-                raise value_checks.error_of(site)
+            value_checks.check(flag, site)
 
 
 def _execute(nodes, externals: tuple, structure: tuple, program):

@@ -56,10 +56,12 @@ def _python_plain_tensor_key(t, inputs: list) -> None:
     return None  # without the C++ library every tensor takes `tensor_key`
 
 
+_NATIVE = _native.fastpath()
+
 # `tensor_key` of a neuron tensor whose storage holds a buffer in its dtype (no conj/neg
-# bits), in C++: about 4x cheaper per argument, which counts for a compiled optimizer step's
-# dozens of tensors; None for every other argument.
-plain_tensor_key = getattr(_native.fastpath(), "tensor_key", _python_plain_tensor_key)
+# bits) and of a 0-dim CPU tensor, in C++: about 4x cheaper per argument, which counts for a
+# compiled optimizer step's dozens of tensors; None for every other argument.
+plain_tensor_key = getattr(_NATIVE, "tensor_key", _python_plain_tensor_key)
 
 
 def _python_set_buffers(_tensors: list, _buffers: list) -> bool:
@@ -68,7 +70,7 @@ def _python_set_buffers(_tensors: list, _buffers: list) -> bool:
 
 # A compiled graph's new storage buffers for its plain mutated inputs, swapped in by C++ (as
 # storage.set_storage_buffer does, for arrays); False where the caller must write them.
-set_buffers = getattr(_native.fastpath(), "set_buffers", _python_set_buffers)
+set_buffers = getattr(_NATIVE, "set_buffers", _python_set_buffers)
 
 
 def _plain_key(t: torch.Tensor, inputs: list) -> tuple:

@@ -12,8 +12,8 @@ device-side assert surfaces at the next synchronizing call.
 
 Checks stay at the call where CUDA's own kernels read their result back at once
 (`lowerings.registry.at_call`: a singular matrix, a bad distribution, which code catches to
-retry), with `TORCHNEURON_LAUNCH_BLOCKING=1` and with fusion off (ops run one by one, and an
-index out of range raises CPU's own wording at the call).
+retry), and all of them with `TORCHNEURON_LAUNCH_BLOCKING=1`. With fusion off, eager ops run
+one by one and raise at the call in CPU's own wording; compiled graphs still defer.
 """
 
 from __future__ import annotations
@@ -47,6 +47,15 @@ def error_of(site: tuple) -> Exception:
     index_error, op, where = site
     error = index_exception(index_error)
     return type(error)(f"{error} (in {op}, called at {where})")
+
+
+def check(flag, site: tuple) -> None:
+    """A check's flag (a device array, true when the check failed) just computed: kept for the
+    next sync point, or read now where its kind raises at the call."""
+    if not raises_at_call(site[0]):
+        defer(flag, site)
+    elif bool(flag):
+        raise error_of(site)
 
 
 def defer(flag, site: tuple) -> None:

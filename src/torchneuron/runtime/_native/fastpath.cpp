@@ -627,28 +627,39 @@ int64_t bits_of(T v) {
   return out;
 }
 
+// Python's number for a Scalar, as `tensor.item()` gives it (a new reference).
+PyObject* python_number(const c10::Scalar& s) {
+  if (s.isBoolean()) {
+    return PyBool_FromLong(s.toBool());
+  }
+  if (s.isIntegral(false)) {
+    return PyLong_FromLongLong(s.toLong());
+  }
+  if (s.isComplex()) {
+    auto c = s.toComplexDouble();
+    return PyComplex_FromDoubles(c.real(), c.imag());
+  }
+  return PyFloat_FromDouble(s.toDouble());
+}
+
 // A number argument as the executable takes it (a new reference: the Python number, or its
 // cached array), and its type's tag in the key.
 PyObject* number_input(const c10::Scalar& s, int64_t& tag) {
   if (s.isBoolean()) {
-    const bool b = s.toBool();
     tag = TAG_BOOL;
-    return scalar_input({TAG_BOOL, b ? 1 : 0, 0}, PyBool_FromLong(b));
+    return scalar_input({TAG_BOOL, s.toBool() ? 1 : 0, 0}, python_number(s));
   }
   if (s.isIntegral(false)) {
-    const int64_t i = s.toLong();
     tag = TAG_INT;
-    return scalar_input({TAG_INT, bits_of(i), 0}, PyLong_FromLongLong(i));
+    return scalar_input({TAG_INT, bits_of(s.toLong()), 0}, python_number(s));
   }
   if (s.isComplex()) {
     auto c = s.toComplexDouble();
     tag = TAG_COMPLEX;
-    return scalar_input({TAG_COMPLEX, bits_of(c.real()), bits_of(c.imag())},
-                        PyComplex_FromDoubles(c.real(), c.imag()));
+    return scalar_input({TAG_COMPLEX, bits_of(c.real()), bits_of(c.imag())}, python_number(s));
   }
-  const double d = s.toDouble();
   tag = TAG_FLOAT;
-  return scalar_input({TAG_FLOAT, bits_of(d), 0}, PyFloat_FromDouble(d));
+  return scalar_input({TAG_FLOAT, bits_of(s.toDouble()), 0}, python_number(s));
 }
 
 // The call's key and executable inputs (new references appended to `inputs`); false when the
@@ -1350,16 +1361,10 @@ PyObject* py_tensor_key(PyObject* /*self*/, PyObject* const* args, Py_ssize_t na
     // A 0-dim CPU tensor (an optimizer's step counter): its value is the input, as
     // Python's `t.item()`, keyed ("host", dtype).
     const at::Scalar value = t.item();
-    PyObject* item = nullptr;
-    if (value.isBoolean()) {
-      item = PyBool_FromLong(value.toBool());
-    } else if (value.isIntegral(false)) {
-      item = PyLong_FromLongLong(value.toLong());
-    } else if (value.isFloatingPoint()) {
-      item = PyFloat_FromDouble(value.toDouble());
-    } else {
-      Py_RETURN_NONE;  // complex: Python keys it
+    if (value.isComplex()) {
+      Py_RETURN_NONE;  // Python keys it
     }
+    PyObject* item = python_number(value);
     if (item == nullptr || PyList_Append(args[1], item) < 0) {
       Py_XDECREF(item);
       return nullptr;
