@@ -176,13 +176,16 @@ def _remember(plan: OpPlan, cache_key: tuple, ex: executable.Executable, values:
     # What the executable computes, for traces rebuilt as graphs (compiler/eager_traces.py):
     # the static arguments only, never the call's tensors.
     statics = tuple(v if k == STATIC else None for k, v in zip(plan.kinds, values))
-    fusion.name_executable(ex.fn, plan.op, fusion.OpCall(plan, cache_key[0], statics, ex,
-                                                         bool(lowering.rng)))
+    # The signature with its size-1 strides made contiguous, as the program shared by such
+    # signatures reads its views (executable._shared_jit): one description for all of them.
+    fusion.name_executable(ex.fn, plan.op, fusion.OpCall(
+        plan, signature.canonical_key(cache_key[0]), statics, ex, bool(lowering.rng)))
     budget = _signature_budget()
     native = _native.fastpath()
     while len(cache) > budget:
         evicted = cache.pop(next(iter(cache)))
-        fusion.forget_executable(evicted.fn)
+        if not any(kept.fn is evicted.fn for kept in cache.values()):  # a shared program
+            fusion.forget_executable(evicted.fn)
         if native is not None:
             native.forget_executable(evicted.fn)
 
@@ -195,7 +198,7 @@ def _stable_name(plan: OpPlan, lowering: Lowering, cache_key: tuple) -> str | No
     module = getattr(lowering.fn, "__module__", "")
     if not module.startswith("torchneuron.lowerings."):
         return None
-    name = f"{plan.op}|{module}.{lowering.fn.__qualname__}|{cache_key!r}"
+    name = f"{plan.op}|{module}.{lowering.fn.__qualname__}|{signature.canonical_key(cache_key)!r}"
     return None if " at 0x" in name else name
 
 

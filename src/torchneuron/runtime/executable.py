@@ -10,6 +10,7 @@ signature (output metadata, write targets, layout flags) is worked out once, her
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -258,7 +259,16 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
             new_buffers.append(strided.scatter(buf, offset, value, spec))
         return (*outputs, *new_buffers, check) if has_check else (*outputs, *new_buffers)
 
-    compiled = jax.jit(run) if jit else run
+    compiled = run
+    if jit:
+        compiled = _shared_jit(run, (
+            plan.op, lowering, signature.canonical_key(key), torch.get_default_dtype(),
+            compute_dtype, meta is None, tuple(write_via), tuple(sorted(contiguous.items())),
+            None if out_dtypes is None else (tuple(sorted(out_dtypes.round_to.items())),
+                                             out_dtypes.dtype),
+            tuple(None if m is None else (m[0], m[1], strided.canonical_layout(m[1], m[2]))
+                  for m in fresh_meta),
+            tuple(None if w is None else (w[0], strided.canonical(w[1])) for w in write_meta)))
     # Without a meta kernel the outputs' layout is learnt from each call's results.
     dynamic = (meta is None or not jit) and direct
     writes = [(slot, wm) for slot, wm in zip(slots, write_meta) if slot is not None]
@@ -289,6 +299,23 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
         if name is not None and not caught:  # one that warns is traced in every process
             disk_cache.learn_results(name, ex.none_results)
     return ex
+
+
+# Jitted programs by what they compute. Signatures that differ only in the strides of size-1
+# dimensions (which step over no element) share one, so that a view like `ids[:, -1:]` of a
+# growing buffer, whose stride changes at every length, is not a new program each time.
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _shared_jit(run: Callable, code: tuple):
+    """The jitted program of `code`, made from `run` unless one is alive already."""
+    try:
+        jitted = _SHARED.get(code)
+    except TypeError:  # a static argument that cannot be hashed: a program of its own
+        return jax.jit(run)
+    if jitted is None:
+        jitted = _SHARED[code] = jax.jit(run)
+    return jitted
 
 
 def repeat_warnings(ex: Executable) -> None:

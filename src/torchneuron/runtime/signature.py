@@ -169,6 +169,16 @@ def hashable(value: Any) -> Any:
     return value
 
 
+def canonical_key(key: Any) -> Any:
+    """`key` with the size-1 dimensions' strides of its views made contiguous
+    (strided.canonical): one key for calls that read and write the same elements."""
+    if isinstance(key, strided.ViewSpec):
+        return strided.canonical(key)
+    if type(key) is tuple:
+        return tuple(canonical_key(k) for k in key)
+    return key
+
+
 def arguments_key(plan: OpPlan, values: list) -> tuple[tuple, list]:
     """(key, inputs) of a call's bound values (schema order)."""
     for _ in range(3):

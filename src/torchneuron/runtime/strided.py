@@ -32,6 +32,34 @@ def spec_of(tensor, storage_numel: int) -> ViewSpec:
     return ViewSpec(shape, tensor.stride(), STRIDED)
 
 
+def canonical(spec: ViewSpec) -> ViewSpec:
+    """`spec` with the stride of each size-1 dimension set to its contiguous value. Such a
+    dimension steps over no element, so the two specs read and write the same elements:
+    `ids[:, -1:]` of a (1, L) buffer has stride (L, 1), a new stride at every L."""
+    if 1 not in spec.shape:
+        return spec
+    stride = list(spec.stride)
+    contiguous = 1
+    for d in range(len(spec.shape) - 1, -1, -1):
+        if spec.shape[d] == 1:
+            stride[d] = contiguous
+        contiguous *= spec.shape[d]
+    stride = tuple(stride)
+    return spec if stride == spec.stride else ViewSpec(spec.shape, stride, spec.mode)
+
+
+def canonical_layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """`stride` with the size-1 dimensions' strides made contiguous (as `canonical`)."""
+    return canonical(ViewSpec(tuple(shape), tuple(stride), FULL)).stride
+
+
+def span(spec: ViewSpec) -> int:
+    """How many elements of the flat buffer, from the view's offset on, the view reaches."""
+    if 0 in spec.shape:
+        return 0
+    return 1 + sum((size - 1) * step for size, step in zip(spec.shape, spec.stride))
+
+
 def _element_indices(shape, stride, offset):
     idx = offset
     for dim, (size, step) in enumerate(zip(shape, stride)):
