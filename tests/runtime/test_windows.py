@@ -1,12 +1,14 @@
-"""Views of growing buffers (strided.canonical): views that differ only in the strides of
-size-1 dimensions share one program, and keep CPU's strides."""
+"""Views of growing buffers (runtime/windows.py, strided.canonical): a loop that reads the
+newest element of a buffer that grows at every step compiles a bounded number of programs,
+and gives CPU's values, strides and errors at every step."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from torchneuron.runtime import fusion, strided
+import torchneuron
+from torchneuron.runtime import fusion, platform, strided
 from torchneuron.runtime.plan import plan_for
 
 pytestmark = pytest.mark.skipif(fusion.Pending is None,
@@ -22,6 +24,10 @@ def fused():
     fusion.set_enabled(True)
     yield
     fusion.set_enabled(before)
+
+
+def _stats() -> dict:
+    return dict(torchneuron.fusion_stats())
 
 
 def test_canonical_spec_only_changes_strides_of_size_one_dims():
@@ -51,3 +57,73 @@ def test_views_differing_in_size_one_strides_share_one_program_and_keep_cpu_stri
            if key[0][0][0] == torch.float32 and key[0][0][1].shape == (1, 1)
            and key[0][1] is None}
     assert len(fns) == 1  # one jitted program for every length
+
+
+def _generation_loop(device: str, steps: int):
+    """`ids[:, -1:]` of a token buffer that grows by one each step, read after a sync point,
+    as Hugging Face's generate() reads its last token."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(64, 8, generator=g).to(device)
+    ids = torch.randint(0, 64, (1, 5), generator=g).to(device)
+    tokens = []
+    for _ in range(steps):
+        last = ids[:, -1:].clone(memory_format=torch.contiguous_format)
+        before = ids[:, -2:-1].clone()  # a second view of the same buffer
+        h = torch.nn.functional.embedding(last, table) + torch.nn.functional.embedding(before, table)
+        nxt = (h.sum(-1).abs() * 7).long() % 64
+        tokens.append(int(nxt.item()))
+        ids = torch.cat([ids, nxt.view(1, 1)], dim=-1)
+        bool((ids == 99).any())  # a stopping check reads the grown buffer
+    return tokens, ids.cpu()
+
+
+@pytest.mark.skipif(platform.platform_name() != "cpu", reason="windows are host copies")
+def test_a_growing_buffer_read_through_views_does_not_compile_per_length(fused):
+    first_half = _stats()
+    _generation_loop(DEV, 12)
+    second_half = _stats()
+    tokens, ids = _generation_loop(DEV, 24)
+    after = _stats()
+    cpu_tokens, cpu_ids = _generation_loop("cpu", 24)
+    assert tokens == cpu_tokens
+    assert torch.equal(ids, cpu_ids)
+
+    def compiled(a, b):
+        return (b["compilations"] - a["compilations"]
+                + b["op_compilations"] - a["op_compilations"])
+
+    # The second loop meets 12 new lengths and compiles no program per length (before: the
+    # trace of the views compiled at every length); at most two traces are compiled again
+    # to take their scalars packed, at their 17th run (runtime/packing.py).
+    assert compiled(second_half, after) <= 2, (first_half, second_half, after)
+
+
+def test_views_of_buffers_also_read_whole_or_written_give_cpu_values(fused):
+    # Buffers the trace also reads whole or writes are passed whole: the results, at each
+    # length, are CPU's.
+    for device in (DEV, "cpu"):
+        ids = torch.arange(4, device=device).view(1, 4)
+        out = []
+        for step in range(6):
+            tail = ids[:, -2:].clone()
+            total = ids.sum()  # read whole in the same trace
+            ids[:, -1:].add_(step)  # written through a view
+            out.append((tail.cpu().tolist(), int(total.item()), ids.cpu().tolist()))
+            ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
+            bool((ids < 0).any())
+        if device == DEV:
+            neuron_out = out
+    assert neuron_out == out
+
+
+def test_an_index_error_through_a_window_is_reported_as_before(fused):
+    table = torch.randn(10, 4, device=DEV)
+    ids = torch.arange(5, device=DEV).view(1, 5)
+    for _ in range(3):
+        torch.nn.functional.embedding(ids[:, -1:].clone(), table).cpu()
+        ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
+        bool((ids < 0).any())
+    bad = torch.cat([ids, torch.full((1, 1), 50, device=DEV)], dim=-1)
+    bool((bad < 0).any())
+    with pytest.raises(IndexError, match="index out of range"):
+        torch.nn.functional.embedding(bad[:, -1:].clone(), table).cpu()

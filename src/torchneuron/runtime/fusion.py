@@ -57,7 +57,7 @@ import torch.autograd.profiler as _profiler
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import config
-from . import _native, disk_cache, platform, value_checks
+from . import _native, disk_cache, platform, value_checks, windows
 from .packing import ScalarPacking
 
 _NATIVE = _native.fastpath()
@@ -263,6 +263,8 @@ def flush() -> None:
                      tuple(value for value, _, _ in live), tuple(v for v, _ in checks),
                      tuple(map(type, externals)))  # how its program packs scalars
         program = _PROGRAMS.get(structure)
+        if program is not None and program.windows is not None:
+            externals = _narrowed(program, nodes, externals)
         STATS.flushes += 1
         STATS.ops += len(nodes)
         try:
@@ -276,6 +278,24 @@ def flush() -> None:
             LATEST[0] = values[-1]
         for flag, (_value, site) in zip(flags, checks):
             value_checks.check(flag, site)
+
+
+_UNDECIDED = object()
+
+
+def _narrowed(program: _Program, nodes, externals: tuple) -> tuple:
+    """The externals as `program` takes them: where its buffers read only through views
+    change length from run to run, windows of them (runtime/windows.py)."""
+    if program.windows is _UNDECIDED:  # its second run: decided once
+        program.windows = None
+        if windows.applies() and program.first_shapes is not None:
+            program.windows = windows.decide(nodes, externals, program.first_shapes, call_of)
+        if program.windows is None:
+            return externals
+    narrowed = program.windows.narrow(externals)
+    if not program.windows.steady:  # the windows change length too: nothing to gain
+        program.windows = None
+    return narrowed
 
 
 def _execute(nodes, externals: tuple, structure: tuple, program):
@@ -418,17 +438,22 @@ class _Program:
     """A trace's program: scalars passed one by one for its first `_PACK_AFTER` calls, then
     packed (compiled, or loaded from disk, at that call)."""
 
-    __slots__ = ("plain", "make_packed", "packing", "packed", "calls")
+    __slots__ = ("plain", "make_packed", "packing", "packed", "calls", "first_shapes",
+                 "windows")
 
     def __init__(self, plain, make_packed: Callable, packing: ScalarPacking) -> None:
         self.plain, self.make_packed, self.packing = plain, make_packed, packing
         self.packed = None
         self.calls = 0
+        self.first_shapes = None  # of its externals at its first call (runtime/windows.py)
+        self.windows = _UNDECIDED  # how it narrows its externals; None: it does not
 
     def __call__(self, *externals):
         packed = self.packed
         if packed is not None:
             return packed(*self.packing.pack(externals))
+        if self.first_shapes is None:
+            self.first_shapes = windows.buffer_shapes(externals)
         self.calls += 1
         if self.calls > _PACK_AFTER and self.packing.groups:
             self.packed = self.make_packed()
