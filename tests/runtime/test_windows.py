@@ -59,6 +59,15 @@ def test_views_differing_in_size_one_strides_share_one_program_and_keep_cpu_stri
     assert len(fns) == 1  # one jitted program for every length
 
 
+def test_a_shared_program_gives_its_warnings_for_every_signature(fused):
+    # (5, 1) tensors with strides (1, 1) and (1, 5): one program, traced once, and CPU warns
+    # at every call for both.
+    for t in (torch.empty(5, 1, device=DEV), torch.empty(1, 5, device=DEV).t()):
+        for _ in range(2):
+            with pytest.warns(UserWarning, match="out of bounds"):
+                t.random_(0, 2**25)
+
+
 def _generation_loop(device: str, steps: int):
     """`ids[:, -1:]` of a token buffer that grows by one each step, read after a sync point,
     as Hugging Face's generate() reads its last token."""

@@ -293,10 +293,16 @@ def build(plan: OpPlan, lowering: Lowering, key: tuple, values: list, args: tupl
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             results = jax.eval_shape(compiled, *avals)
-        ex.warnings = tuple(caught)
+        # A shared program (_shared_jit) is not traced again for abstract inputs it was
+        # traced for: its warnings for them are the ones it gave then.
+        given = compiled.__dict__.setdefault("trace_warnings", {})
+        shapes = tuple((a.shape, a.dtype, a.weak_type) for a in avals)
+        if caught:
+            given[shapes] = tuple(caught)
+        ex.warnings = given.get(shapes, ())
         repeat_warnings(ex)  # a lowering's own warning comes while it is traced: pass it on
         ex.none_results = tuple(r is None for r in results)
-        if name is not None and not caught:  # one that warns is traced in every process
+        if name is not None and not ex.warnings:  # one that warns is traced in every process
             disk_cache.learn_results(name, ex.none_results)
     return ex
 
