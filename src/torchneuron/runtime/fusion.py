@@ -24,7 +24,10 @@ Adaptive: a trace whose ops keep coming back with new shapes (Hugging Face `gene
 new sequence length at every token) would compile a whole new program each time. When the same
 ops in the same arrangement (the trace's skeleton: its structure without shapes) have been
 compiled `_SHAPE_CHURN` times already, a new shape of it runs op by op instead, on the ops' own
-executables, which the ops whose shapes did not change share across those traces.
+executables, which the ops whose shapes did not change share across those traces. A trace that
+reads a growing buffer only through small views (`ids[:, -1:]`, the last token) keeps its
+shapes instead: on the CPU platform such buffers are passed as copies of the range the views
+reach (runtime/windows.py), so its program compiles once, not at every length.
 
 An op that checks values (gather, embedding, index_select, nll_loss's targets...) ends the
 trace: the trace's program is launched right after the op is recorded. An index out of range
