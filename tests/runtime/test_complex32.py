@@ -34,6 +34,22 @@ def test_values_cross_to_the_device_and_back_bit_for_bit():
     assert "complex32" in repr(on_device)
 
 
+@pytest.mark.parametrize("view", [
+    lambda t: t.conj(),
+    lambda t: t._neg_view(),
+    lambda t: t.view(2, 2).mH,
+    lambda t: t.conj().conj(),
+    lambda t: t.conj()[1:],
+], ids=["conj", "neg", "mH", "conj-conj", "conj-slice"])
+def test_lazy_conj_and_neg_views_read_as_on_cpu(view):
+    # The device holds the bits: a conj/neg view's value flips their float16 signs, as CPU's
+    # kernels do (a silent mismatch of conj, H and mH in the conformance sweep before).
+    x = torch.tensor([1 + 2j, -3.5 + 0.25j, float("nan") - 0j, -0.0 + 5j], dtype=C32)
+    expected = view(x).resolve_conj().resolve_neg()
+    assert _same(view(x.to(DEV)).cpu(), expected)
+    assert _same(view(x.to(DEV)).resolve_conj().resolve_neg().cpu(), expected)
+
+
 @pytest.mark.parametrize("make", [
     lambda d: torch.zeros(2, 3, dtype=C32, device=d),
     lambda d: torch.ones(2, 3, dtype=C32, device=d),

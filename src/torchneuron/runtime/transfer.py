@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 from .. import config
 from ..lowerings.dtypes import (
@@ -36,8 +37,21 @@ def logical_array(t: torch.Tensor) -> jax.Array:
     else:
         value = _gather_jit(buf, t.storage_offset(), spec)
     if t.is_conj() or t.is_neg():
-        value = _apply_bits_jit(value, t.is_conj(), t.is_neg())
+        bits = _complex32_bits_jit if is_bit_container(t.dtype) else _apply_bits_jit
+        value = bits(value, t.is_conj(), t.is_neg())
     return value
+
+
+def _complex32_bits(bits: jax.Array, conj: bool, neg: bool) -> jax.Array:
+    """Lazy conj/neg bits applied to complex32 values held as uint32 words (the real half in
+    the low 16 bits, as in memory): sign flips of the float16 halves, which is what CPU's
+    conj and neg compute (no arithmetic, NaNs kept)."""
+    halves = lax.bitcast_convert_type(bits, jnp.uint16)  # (..., 2): real, imaginary
+    flips = jnp.array([0x8000 if neg else 0, 0x8000 if conj != neg else 0], jnp.uint16)
+    return lax.bitcast_convert_type(halves ^ flips, jnp.uint32)
+
+
+_complex32_bits_jit = jax.jit(_complex32_bits, static_argnums=(1, 2))
 
 
 def logical_host_array(t: torch.Tensor) -> np.ndarray:
