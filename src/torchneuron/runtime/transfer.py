@@ -74,8 +74,11 @@ def _host_view(t: torch.Tensor) -> np.ndarray | None:
     if t.numel() == 0:
         return np.empty(shape, host.dtype)
     strides = tuple(s * host.itemsize for s in t.stride())
-    return np.lib.stride_tricks.as_strided(host[t.storage_offset():], shape, strides,
-                                           writeable=False)
+    # Strided through unsigned integers of the same size: numpy cannot rebuild some ml_dtypes
+    # types from the array interface that as_strided goes through (float8_e5m2's '<f1').
+    raw = host.view(f"u{host.itemsize}") if host.itemsize in (1, 2, 4, 8) else host
+    return np.lib.stride_tricks.as_strided(raw[t.storage_offset():], shape, strides,
+                                           writeable=False).view(host.dtype)
 
 
 # numpy holds at most 32 dimensions (64 since numpy 2); PyTorch and XLA have no such limit, so
