@@ -25,15 +25,6 @@ pytestmark = pytest.mark.skipif(not fusion.recording() and fusion.Pending is Non
 DEV = "neuron"
 
 
-@pytest.fixture
-def fused():
-    """Fusion on for the test (the default), restored afterwards."""
-    before = fusion.recording()
-    fusion.set_enabled(True)
-    yield
-    fusion.set_enabled(before)
-
-
 def _unfused(fn):
     before = fusion.recording()
     fusion.set_enabled(False)

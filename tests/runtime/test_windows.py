@@ -18,14 +18,6 @@ DEV = "neuron"
 aten = torch.ops.aten
 
 
-@pytest.fixture
-def fused():
-    before = fusion.recording()
-    fusion.set_enabled(True)
-    yield
-    fusion.set_enabled(before)
-
-
 def _stats() -> dict:
     return dict(torchneuron.fusion_stats())
 
