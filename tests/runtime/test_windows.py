@@ -4,6 +4,8 @@ and gives CPU's values, strides and errors at every step."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -128,3 +130,19 @@ def test_an_index_error_through_a_window_is_reported_as_before(fused):
     bool((bad < 0).any())
     with pytest.raises(IndexError, match="index out of range"):
         torch.nn.functional.embedding(bad[:, -1:].clone(), table).cpu()
+
+
+@pytest.mark.skipif(platform.platform_name() != "cpu", reason="windows are host copies")
+def test_a_failing_window_leaves_the_trace_as_before(fused, monkeypatch):
+    from torchneuron.runtime import windows
+
+    def broken(self, externals):
+        raise ValueError("broken window")
+
+    monkeypatch.setattr(windows.Windows, "narrow", broken)
+    monkeypatch.setattr(fusion, "_PROGRAMS", collections.OrderedDict())  # decided afresh
+    with pytest.warns(UserWarning, match="could not be passed as windows"):
+        tokens, ids = _generation_loop(DEV, 6)
+    cpu_tokens, cpu_ids = _generation_loop("cpu", 6)
+    assert tokens == cpu_tokens
+    assert torch.equal(ids, cpu_ids)

@@ -289,13 +289,20 @@ _UNDECIDED = object()
 def _narrowed(program: _Program, nodes, externals: tuple) -> tuple:
     """The externals as `program` takes them: where its buffers read only through views
     change length from run to run, windows of them (runtime/windows.py)."""
-    if program.windows is _UNDECIDED:  # its second run: decided once
+    try:
+        if program.windows is _UNDECIDED:  # its second run: decided once
+            program.windows = None
+            if windows.applies() and program.first_shapes is not None:
+                program.windows = windows.decide(nodes, externals, program.first_shapes,
+                                                 call_of)
+            if program.windows is None:
+                return externals
+        narrowed = program.windows.narrow(externals)
+    except Exception as err:  # noqa: BLE001 - a saving must not break eager mode
         program.windows = None
-        if windows.applies() and program.first_shapes is not None:
-            program.windows = windows.decide(nodes, externals, program.first_shapes, call_of)
-        if program.windows is None:
-            return externals
-    narrowed = program.windows.narrow(externals)
+        warnings.warn(f"torchneuron: a trace's buffers could not be passed as windows "
+                      f"({type(err).__name__}: {err}); it runs as before", stacklevel=3)
+        return externals
     if not program.windows.steady:  # the windows change length too: nothing to gain
         program.windows = None
     return narrowed
