@@ -74,9 +74,10 @@ def _host_view(t: torch.Tensor) -> np.ndarray | None:
     if t.numel() == 0:
         return np.empty(shape, host.dtype)
     strides = tuple(s * host.itemsize for s in t.stride())
-    # Strided through unsigned integers of the same size: numpy cannot rebuild some ml_dtypes
-    # types from the array interface that as_strided goes through (float8_e5m2's '<f1').
-    raw = host.view(f"u{host.itemsize}") if host.itemsize in (1, 2, 4, 8) else host
+    # ml_dtypes types (bfloat16, float8) go through unsigned integers of the same size: numpy
+    # cannot rebuild some of them from the array interface that as_strided goes through
+    # (float8_e5m2's '<f1'). numpy's own types do not need the two extra views.
+    raw = host if host.dtype.isbuiltin == 1 else host.view(f"u{host.itemsize}")
     return np.lib.stride_tricks.as_strided(raw[t.storage_offset():], shape, strides,
                                            writeable=False).view(host.dtype)
 
