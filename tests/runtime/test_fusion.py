@@ -332,26 +332,46 @@ def test_fused_program_cache_has_a_budget(fused, monkeypatch):
     assert torchneuron.fusion_stats()["evictions"] - before >= 5
 
 
+def _churning_trace(n: int, fixed: int) -> None:
+    """One trace: `fixed` ops on a (4,) tensor, then a sum over a new size n added to them."""
+    y = torch.arange(4.0, device=DEV)
+    expected = torch.arange(4.0)
+    for k in range(fixed):
+        y, expected = y * 1.5 + k, expected * 1.5 + k
+    a = torch.arange(n * 3.0, device=DEV).reshape(n, 3)
+    result = (a * 2 + 1).sum() + y
+    expected = (torch.arange(n * 3.0).reshape(n, 3) * 2 + 1).sum() + expected
+    torch.testing.assert_close(result.cpu(), expected)
+
+
 def test_a_trace_with_ever_new_shapes_runs_op_by_op(fused):
-    # as generate() does at every token: the same ops, one new size each time
+    # as generate() does at every token: the same ops, one new size each time, most of them
+    # on shapes that stay (they share their executables across the sizes)
     torch.ones(1, device=DEV).cpu()
-
-    def run(n):
-        a = torch.arange(n * 3.0, device=DEV).reshape(n, 3)
-        result = (a * 2 + 1).sum(0)
-        assert torch.equal(result.cpu(), (torch.arange(n * 3.0).reshape(n, 3) * 2 + 1).sum(0))
-
     for n in range(30, 30 + fusion._SHAPE_CHURN):  # compiled: each skeleton's first shapes
-        run(n)
+        _churning_trace(n, fixed=16)
     before = torchneuron.fusion_stats()
     for n in range(40, 44):
-        run(n)
+        _churning_trace(n, fixed=16)
     after = torchneuron.fusion_stats()
     assert after["compilations"] == before["compilations"]
-    assert after["op_by_op"] - before["op_by_op"] >= 4
+    assert after["op_by_op"] - before["op_by_op"] == 4
     for _ in range(2):  # a shape that was compiled is still served by its program
-        run(30)
+        _churning_trace(30, fixed=16)
     assert torchneuron.fusion_stats()["cache_hits"] - after["cache_hits"] >= 2
+
+
+def test_a_trace_whose_ops_mostly_change_shape_compiles_instead(fused):
+    # Where most ops read the new size, compiling each alone would cost more than one program.
+    torch.ones(1, device=DEV).cpu()
+    for n in range(30, 30 + fusion._SHAPE_CHURN):
+        _churning_trace(n, fixed=2)
+    before = torchneuron.fusion_stats()
+    for n in range(40, 44):
+        _churning_trace(n, fixed=2)
+    after = torchneuron.fusion_stats()
+    assert after["op_by_op"] == before["op_by_op"]
+    assert after["compilations"] - before["compilations"] == 4
 
 
 def test_eager_signatures_per_op_have_a_budget(monkeypatch):

@@ -24,7 +24,9 @@ Adaptive: a trace whose ops keep coming back with new shapes (Hugging Face `gene
 new sequence length at every token) would compile a whole new program each time. When the same
 ops in the same arrangement (the trace's skeleton: its structure without shapes) have been
 compiled `_SHAPE_CHURN` times already, a new shape of it runs op by op instead, on the ops' own
-executables, which the ops whose shapes did not change share across those traces. A trace that
+executables, which the ops whose shapes did not change share across those traces; where most of
+its ops have new shapes, compiling each alone would cost more than one program, and it compiles
+as a program again. A trace that
 reads a growing buffer only through small views (`ids[:, -1:]`, the last token) keeps its
 shapes instead: on the CPU platform such buffers are passed as copies of the range the views
 reach (runtime/windows.py), so its program compiles once, not at every length.
@@ -131,10 +133,15 @@ def set_trace_bucketer(bucketer: Callable | None) -> None:
     _TRACE_BUCKETER[0] = bucketer
 
 
-# trace skeleton -> how many programs were compiled for it (bounded, least recently used first)
-_SKELETONS: collections.OrderedDict[tuple, int] = collections.OrderedDict()
-_SHAPE_CHURN = 2  # programs compiled for one skeleton before its new shapes run op by op
+# trace skeleton -> (programs compiled for it, its last compiled trace's executables and input
+# shapes), bounded, least recently used first
+_SKELETONS: collections.OrderedDict[tuple, tuple[int, tuple]] = collections.OrderedDict()
+_SHAPE_CHURN = 2  # programs compiled for one skeleton before its new shapes may run op by op
 _SKELETONS_KEPT = 4096
+# A trace of a churning skeleton runs op by op only where at most this share of its ops read
+# new shapes: each of those compiles alone (~15-25 ms), while a fused program costs ~4-6 ms
+# per op (a 15-op trace: 60 ms, against 290 ms for 13 of its ops alone).
+_NEW_OPS_ALONE = 0.25
 
 
 def name_executable(fn, op, call: OpCall | None = None) -> None:
@@ -153,21 +160,47 @@ def forget_executable(fn) -> None:
     _CALL_OF.pop(id(fn), None)
 
 
-def _shapes_churn(nodes) -> bool:
-    """Whether this new structure is a skeleton already compiled for `_SHAPE_CHURN` shapes
-    (else it counts one more compilation for it)."""
+def _shapes_churn(nodes, externals: tuple) -> bool:
+    """Whether this new structure should run op by op: its skeleton was compiled for
+    `_SHAPE_CHURN` shapes already, and few of its ops differ from the last compiled one's
+    (the rest share their executables with it). Otherwise it counts one more compilation for
+    the skeleton."""
     skeleton = tuple((_OP_OF.get(id(fn)), refs, n) for fn, refs, n, _ in nodes)
     if None in (op for op, _refs, _n in skeleton):
         return False  # an executable not made by eager.py (compiled graphs, overrides)
-    compiled = _SKELETONS.get(skeleton, 0)
+    seen = (tuple(id(fn) for fn, _refs, _n, _site in nodes),
+            tuple(getattr(value, "shape", None) for value in externals))
+    compiled, known = _SKELETONS.get(skeleton, (0, None))
     if compiled >= _SHAPE_CHURN:
         _SKELETONS.move_to_end(skeleton)
-        return True
-    _SKELETONS[skeleton] = compiled + 1
+        if _new_ops(nodes, seen, known) <= _NEW_OPS_ALONE * len(nodes):
+            return True
+    _SKELETONS[skeleton] = (compiled + 1, seen)
     _SKELETONS.move_to_end(skeleton)
     while len(_SKELETONS) > _SKELETONS_KEPT:
         _SKELETONS.popitem(last=False)
     return False
+
+
+def _new_ops(nodes, seen: tuple, known: tuple) -> int:
+    """How many nodes of a trace differ from those of another of the same skeleton (`seen`
+    and `known`: executables and input shapes): another executable (other static arguments,
+    other view layouts), an input of another shape, or a result of such a node as input."""
+    fns, shapes = seen
+    known_fns, known_shapes = known
+    if len(shapes) != len(known_shapes):
+        return len(nodes)
+    changed_values: set[int] = set()
+    count = 0
+    first = 0
+    for i, (_fn, refs, n, _site) in enumerate(nodes):
+        if fns[i] != known_fns[i] or any(
+                shapes[r] != known_shapes[r] if r >= 0 else -r - 1 in changed_values
+                for r in refs):
+            count += 1
+            changed_values.update(range(first, first + n))
+        first += n
+    return count
 
 
 def stats() -> dict[str, float]:
@@ -319,7 +352,7 @@ def _execute(nodes, externals: tuple, structure: tuple, program):
         flags = []  # a bucketed program raises its index errors itself
     if values is not None:
         STATS.bucketed_runs += 1
-    elif program is None and _shapes_churn(nodes):  # counts a compilation otherwise
+    elif program is None and _shapes_churn(nodes, externals):  # counts a compilation otherwise
         STATS.op_by_op += 1
         values, flags = _run(_body(nodes, structure, _alone), externals, len(nodes))
     elif program is None:
