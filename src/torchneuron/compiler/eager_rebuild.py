@@ -40,6 +40,10 @@ class _TraceShapeEnv(ShapeEnv):
     def _get_sloc(self, framework_loc: str | None = None) -> SLoc:
         return SLoc(framework_loc or "a bucketed eager trace (torchneuron)", None)
 
+    def _get_stack_summary(self, is_debug: bool = False,
+                           framework_loc: str | None = None) -> tuple[SLoc, str]:
+        return self._get_sloc(framework_loc), ""  # (creating a symbol walks the stack too)
+
 
 class _Rebuild:
     """Replays a described trace on fake tensors of symbolic sizes, under make_fx."""
