@@ -106,10 +106,22 @@ def test_a_safe_trace_shares_one_program_per_bucket():
     def fn(x):
         return torch.softmax(x * 2 + 1, dim=1).cumsum(1) - x.mean(1, keepdim=True)
 
-    _run_lengths(fn, (5, 6, 7, 9, 11, 13))  # 5 and 6 per shape, then buckets 8 and 16
+    _run_lengths(fn, (5, 7, 8, 9, 11, 13))  # 5 and 7 per shape, then buckets 8 and 16
     fused, compiled = _stats()
     assert fused["bucketed_runs"] == 4
     assert fused["bucketed_compilations"] == 2
+
+
+def test_a_size_growing_by_one_is_bucketed_at_its_second_value():
+    # a sequence generated token by token: its second length already runs bucketed
+    def fn(x):
+        return torch.softmax(x * 2 + 1, dim=1).sum(1)
+
+    _run_lengths(fn, (5, 6, 7, 8, 9))
+    fused, _ = _stats()
+    assert fused["bucketed_runs"] == 4
+    assert fused["compilations"] == 1
+    assert fused["bucketed_compilations"] == 2  # buckets 8 and 16
 
 
 def test_a_trace_reading_a_storage_never_written_is_bucketed():
@@ -163,8 +175,9 @@ def test_an_index_out_of_range_in_a_bucketed_trace_raises_naming_the_call():
         for n in (5, 6, 7, 9):
             idx = torch.arange(n).reshape(1, n) % 10
             torch.testing.assert_close(run(idx).cpu(), emb_cpu(idx).sum(-1))
-        # after the first two lengths: the trace ending at the embedding, and the sum after it
-        assert torchneuron.fusion_stats()["bucketed_runs"] == 2 * 2
+        # after the first length (the next grew by one): the trace ending at the embedding,
+        # and the sum after it
+        assert torchneuron.fusion_stats()["bucketed_runs"] == 2 * 3
         bad = torch.arange(11).reshape(1, 11)
         before = torchneuron.fusion_stats()
         with pytest.raises(IndexError, match=r"embedding.*called at .*test_eager_traces\.py"):
@@ -180,7 +193,7 @@ def test_a_size_outside_what_the_graph_assumed_runs_as_before():
     def fn(x):
         return (x * x[:, :1]).sum(1) + x[:, -1]
 
-    _run_lengths(fn, (5, 6, 7))
+    _run_lengths(fn, (5, 7, 8))
     bucketed = torchneuron.fusion_stats()["bucketed_runs"]
     assert bucketed == 1
     _run_lengths(fn, (1,))

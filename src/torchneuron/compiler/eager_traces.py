@@ -89,14 +89,19 @@ def run_trace(nodes, externals: tuple, live: tuple) -> list | None:
         # The first shape is a sample; the next, fitted through it (and checked on a second
         # sample where there is one), is the first the program serves.
         samples = _SAMPLES.get(key, [])
-        if len(samples) < 2 or ints in samples:
-            # A trace is bucketed at its third size: two sizes are often all there is (the
-            # gradient buffers of two parameter shapes), and the first bucketed trace of a
-            # process imports the compiler (~0.7 s), more than compiling a second program.
-            if ints not in samples:
-                _keep(_SAMPLES, key, [*samples, ints])
+        if ints in samples:
             return None
-        fit = trace_shapes.fit(samples[0], ints, trace_shapes.shape_positions(description))
+        fit = (trace_shapes.fit(samples[0], ints, trace_shapes.shape_positions(description))
+               if samples else None)
+        # A trace is bucketed at its third size: two sizes are often all there is (the
+        # gradient buffers of two parameter shapes), and the first bucketed trace of a
+        # process imports the compiler (~0.7 s), more than compiling a second program. A
+        # size that grew by one (a sequence generated token by token) goes on growing: that
+        # trace is bucketed at its second size.
+        grew_by_one = fit is not None and fit.size_of(ints) == fit.size_of(samples[0]) + 1
+        if len(samples) < 2 and not grew_by_one:
+            _keep(_SAMPLES, key, [*samples, ints])
+            return None
         if fit is None or not all(fit.matches(sample) for sample in samples):
             # Fit the newest samples next time (a first sample of size 1 fits nothing).
             _keep(_SAMPLES, key, [*samples, ints][-2:])
