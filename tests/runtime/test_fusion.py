@@ -371,7 +371,33 @@ def test_a_trace_whose_ops_mostly_change_shape_compiles_instead(fused):
         _churning_trace(n, fixed=2)
     after = torchneuron.fusion_stats()
     assert after["op_by_op"] == before["op_by_op"]
-    assert after["compilations"] - before["compilations"] == 4
+    built = sum(after[k] - before[k] for k in ("compilations", "disk_loads"))
+    assert built == 4  # a program per size (compiled, or loaded from an earlier run's cache)
+
+
+def test_a_program_with_few_scalars_is_not_compiled_again_packed(fused, monkeypatch):
+    # Packing two offsets into one array would save one conversion per call: never worth a
+    # second compilation.
+    calls = []
+    real_call = fusion._Program.__call__
+
+    def spy(self, *externals):
+        calls.append(self)
+        return real_call(self, *externals)
+
+    monkeypatch.setattr(fusion, "_PACK_AFTER", 2)
+    monkeypatch.setattr(fusion._Program, "__call__", spy)
+    x = torch.arange(24.0, device=DEV)
+    fusion.flush()
+    before = torchneuron.fusion_stats()
+    for _ in range(5):
+        assert (x[1:5] + x[3:7]).cpu().tolist() == [4.0, 6.0, 8.0, 10.0]
+    program = calls[-1]
+    assert program.calls == 5 and program.packed is None
+    assert 0 < program.packing.saved < fusion._PACK_MIN_SAVED
+    after = torchneuron.fusion_stats()
+    built = [after[k] - before[k] for k in ("compilations", "disk_loads")]
+    assert sum(built) <= 1, built  # its one program (or none: built by an earlier test)
 
 
 def test_eager_signatures_per_op_have_a_budget(monkeypatch):

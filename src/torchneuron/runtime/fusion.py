@@ -473,8 +473,12 @@ def _stored(nodes, structure: tuple, packing: ScalarPacking | None, body):
 # Calls of a trace's program before it is compiled again to take its scalars packed
 # (runtime/packing.py): packing saves ~1 us per scalar per call (10-layer MLP SGD step 0.87 ->
 # 0.79 ms) but slows XLA's compilation (a tiny Llama's AdamW update: 0.23 -> 0.7 s), which a
-# program run only a few times would never earn back.
+# program run only a few times would never earn back. Nor would one with few scalars: a
+# program is packed only where that saves at least `_PACK_MIN_SAVED` conversions per call
+# (generate()'s traces of one or two offsets were compiled again, 30-50 ms each, to save 0-2 us
+# per call).
 _PACK_AFTER = 16
+_PACK_MIN_SAVED = 8
 
 
 class _Program:
@@ -498,7 +502,7 @@ class _Program:
         if self.first_shapes is None:
             self.first_shapes = windows.buffer_shapes(externals)
         self.calls += 1
-        if self.calls > _PACK_AFTER and self.packing.groups:
+        if self.calls > _PACK_AFTER and self.packing.saved >= _PACK_MIN_SAVED:
             self.packed = self.make_packed()
             return self(*externals)
         return self.plain(*externals)

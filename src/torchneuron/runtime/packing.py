@@ -41,7 +41,7 @@ class ScalarPacking:
     order, then one array per scalar type; `unpack(arguments)` (inside the traced program)
     gives back the externals, each scalar as a 0-dim value of its own type."""
 
-    __slots__ = ("count", "kept", "groups", "_kept", "_groups")
+    __slots__ = ("count", "kept", "groups", "saved", "_kept", "_groups")
 
     def __init__(self, types: tuple[type, ...]) -> None:
         self.count = len(types)
@@ -54,6 +54,8 @@ class ScalarPacking:
                 kept.append(position)
         self.kept = tuple(kept)
         self.groups = tuple((kind, tuple(positions)) for kind, positions in by_type.items())
+        # conversions a call saves packed: one array per type instead of one per scalar
+        self.saved = sum(len(positions) - 1 for positions in by_type.values())
         self._kept = _getter(self.kept) if kept else (lambda values: ())
         self._groups = tuple((_PACKED[kind][0], _getter(positions))
                              for kind, positions in self.groups)
