@@ -344,16 +344,22 @@ def _churning_trace(n: int, fixed: int) -> None:
     torch.testing.assert_close(result.cpu(), expected)
 
 
+def _four_new_sizes(fixed: int) -> tuple[dict, dict]:
+    """Fusion stats before and after four new sizes of `_churning_trace`, once its skeleton
+    has been compiled for its first shapes."""
+    torch.ones(1, device=DEV).cpu()
+    for n in range(30, 30 + fusion._SHAPE_CHURN):
+        _churning_trace(n, fixed)
+    before = torchneuron.fusion_stats()
+    for n in range(40, 44):
+        _churning_trace(n, fixed)
+    return before, torchneuron.fusion_stats()
+
+
 def test_a_trace_with_ever_new_shapes_runs_op_by_op(fused):
     # as generate() does at every token: the same ops, one new size each time, most of them
     # on shapes that stay (they share their executables across the sizes)
-    torch.ones(1, device=DEV).cpu()
-    for n in range(30, 30 + fusion._SHAPE_CHURN):  # compiled: each skeleton's first shapes
-        _churning_trace(n, fixed=16)
-    before = torchneuron.fusion_stats()
-    for n in range(40, 44):
-        _churning_trace(n, fixed=16)
-    after = torchneuron.fusion_stats()
+    before, after = _four_new_sizes(fixed=16)
     assert after["compilations"] == before["compilations"]
     assert after["op_by_op"] - before["op_by_op"] == 4
     for _ in range(2):  # a shape that was compiled is still served by its program
@@ -363,13 +369,7 @@ def test_a_trace_with_ever_new_shapes_runs_op_by_op(fused):
 
 def test_a_trace_whose_ops_mostly_change_shape_compiles_instead(fused):
     # Where most ops read the new size, compiling each alone would cost more than one program.
-    torch.ones(1, device=DEV).cpu()
-    for n in range(30, 30 + fusion._SHAPE_CHURN):
-        _churning_trace(n, fixed=2)
-    before = torchneuron.fusion_stats()
-    for n in range(40, 44):
-        _churning_trace(n, fixed=2)
-    after = torchneuron.fusion_stats()
+    before, after = _four_new_sizes(fixed=2)
     assert after["op_by_op"] == before["op_by_op"]
     built = sum(after[k] - before[k] for k in ("compilations", "disk_loads"))
     assert built == 4  # a program per size (compiled, or loaded from an earlier run's cache)
