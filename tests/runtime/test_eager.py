@@ -69,3 +69,31 @@ def test_repeated_scalar_arguments_keep_their_values_and_types():
             assert native.scalar_array_count() > count
     finally:
         fusion.set_enabled(before)
+
+
+def test_executables_of_other_sizes_do_not_trace_again_to_learn_their_results(
+        tmp_path, monkeypatch):
+    # Which results of an executable are None follows from its op and argument kinds: a
+    # sequence one longer at every call traces its executables' results once, not per size.
+    import jax
+
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))  # nothing learnt on disk
+    traced = []
+    real = jax.eval_shape
+    monkeypatch.setattr(jax, "eval_shape", lambda *a, **k: traced.append(1) or real(*a, **k))
+    for n in range(50, 56):
+        x = torch.ones(n, 2, device="neuron")
+        got = torch.cumsum(x * 3, 0).cpu()
+        assert torch.equal(got, torch.cumsum(torch.ones(n, 2) * 3, 0))
+    assert len(traced) <= 3  # full, mul and cumsum at their first size at most (18 before)
+    # an op whose results do depend on the call: a masked output of another mask is traced
+    w = torch.randn(3, 4, requires_grad=True)
+    for mask in ((True, True, True), (True, False, False)):
+        grads = torch.ops.aten.native_layer_norm_backward(
+            torch.ones(2, 4), torch.randn(2, 4), [4], torch.zeros(2, 1), torch.ones(2, 1),
+            w[0].detach(), w[1].detach(), list(mask))
+        on_device = torch.ops.aten.native_layer_norm_backward(
+            torch.ones(2, 4, device="neuron"), torch.randn(2, 4, device="neuron"), [4],
+            torch.zeros(2, 1, device="neuron"), torch.ones(2, 1, device="neuron"),
+            w[0].detach().to("neuron"), w[1].detach().to("neuron"), list(mask))
+        assert [g is None for g in on_device] == [g is None for g in grads]

@@ -14,14 +14,13 @@ not pay for importing it.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..runtime import fusion, storage, strided
-from ..runtime.plan import GENERATOR, NEURON, SCALAR, STATIC, TENSOR
+from ..runtime.plan import GENERATOR, NEURON, SCALAR, STATIC, TENSOR, size_arguments
 
 aten = torch.ops.aten
 
@@ -117,7 +116,7 @@ class _Describer:
             raise NotBucketable(f"{plan.name} writes arguments of its own lowering")
         it = iter(refs)
         args = []
-        symbolic = _symbolic_arguments(plan.op)
+        symbolic = size_arguments(plan.op)
         for name, kind, k, static in zip(plan.arg_names, plan.kinds, key, statics):
             if kind == STATIC:
                 args.append(("static", self.static(static), name in symbolic))
@@ -148,20 +147,6 @@ class _Describer:
             writes.append((dtype, self.sizes(spec.shape)))
         checks = ex.index_error is not None  # its last result is the check's flag
         return (plan.op, tuple(args), tuple(fresh), tuple(writes), n, checks)
-
-
-@functools.cache
-def _symbolic_arguments(op) -> frozenset:
-    """The arguments of `op` that take symbolic sizes (`SymInt`, `SymInt[]`); an `int` one
-    must keep one value for every size."""
-    text = str(op._schema)
-    inside = text[text.index("(") + 1:text.rindex(") ->")]
-    names = set()
-    for declaration in inside.split(","):
-        parts = declaration.strip().split("=")[0].split()
-        if len(parts) >= 2 and parts[0].startswith("SymInt"):
-            names.add(parts[1])
-    return frozenset(names)
 
 
 def describe(nodes, externals: tuple) -> tuple[tuple, list[int]]:

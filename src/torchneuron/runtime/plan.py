@@ -143,6 +143,20 @@ def eager_lowering(op: OpOverload | None) -> Lowering | None:
     return None if lowering is None or lowering.graph_only else lowering
 
 
+@functools.cache
+def size_arguments(op: OpOverload) -> frozenset[str]:
+    """The arguments of `op` that take sizes (`SymInt`, `SymInt[]`, `SymInt?` in its schema;
+    the parsed argument types say `int` for them). An `int` argument is not a size."""
+    text = str(op._schema)
+    inside = text[text.index("(") + 1:text.rindex(") ->")]
+    names = set()
+    for declaration in inside.split(","):
+        parts = declaration.strip().split("=")[0].split()
+        if len(parts) >= 2 and parts[0].startswith("SymInt"):
+            names.add(parts[1])
+    return frozenset(names)
+
+
 class OpPlan:
     """What is known about one overload before any call: derived from its schema, cached."""
 
