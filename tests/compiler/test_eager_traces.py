@@ -106,22 +106,32 @@ def test_a_safe_trace_shares_one_program_per_bucket():
     def fn(x):
         return torch.softmax(x * 2 + 1, dim=1).cumsum(1) - x.mean(1, keepdim=True)
 
-    _run_lengths(fn, (5, 7, 8, 9, 11, 13))  # 5 and 7 per shape, then buckets 8 and 16
+    _run_lengths(fn, (5, 7, 9, 11, 13, 17))  # 5 and 7 per shape, then buckets 16 and 32
     fused, compiled = _stats()
     assert fused["bucketed_runs"] == 4
     assert fused["bucketed_compilations"] == 2
 
 
-def test_a_size_growing_by_one_is_bucketed_at_its_second_value():
-    # a sequence generated token by token: its second length already runs bucketed
-    def fn(x):
-        return torch.softmax(x * 2 + 1, dim=1).sum(1)
+def _softmax_sum(x):
+    return torch.softmax(x * 2 + 1, dim=1).sum(1)
 
-    _run_lengths(fn, (5, 6, 7, 8, 9))
+
+def test_a_size_growing_by_one_is_bucketed_at_its_second_value():
+    # a sequence generated token by token: its second length already runs bucketed, in
+    # buckets of at least 64 (it will pass through every bucket on its way)
+    _run_lengths(_softmax_sum, (5, 6, 7, 8, 9, 30, 31))
+    fused, _ = _stats()
+    assert fused["bucketed_runs"] == 6
+    assert fused["compilations"] == 1
+    assert fused["bucketed_compilations"] == 1  # bucket 64
+
+
+def test_a_bucket_rule_set_by_the_user_holds_for_growing_sizes_too(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_BUCKETS", "pow2:8")
+    _run_lengths(_softmax_sum, (11, 12, 13, 14, 17))
     fused, _ = _stats()
     assert fused["bucketed_runs"] == 4
-    assert fused["compilations"] == 1
-    assert fused["bucketed_compilations"] == 2  # buckets 8 and 16
+    assert fused["bucketed_compilations"] == 2  # buckets 16 and 32
 
 
 def test_a_trace_reading_a_storage_never_written_is_bucketed():
@@ -148,7 +158,7 @@ def test_a_factory_trace_over_sizes_from_one_is_bucketed():
     fused, _ = _stats()
     assert fused["bucketed_programs"] == 1, eager_traces.why_not_bucketed()
     assert fused["bucketed_runs"] == len(sizes) - 3  # sizes 1, 2 and 3 ran per shape
-    assert fused["bucketed_compilations"] == 5  # buckets 4, 8, 16, 32 and 64
+    assert fused["bucketed_compilations"] == 1  # it grows by one: bucket 64 for sizes 4-40
 
 
 def test_bucketing_off_leaves_eager_traces_per_shape(monkeypatch):

@@ -367,17 +367,28 @@ def _same_layout(view, stride: list, offset) -> bool:
 # 4. Bucketed programs
 
 
+# The smallest bucket of a trace whose size grows by one per call (generate()'s KV cache):
+# it will pass through every bucket, and each costs a compilation (0.4 s for a 2-layer GPT-2's
+# step) while padding a short sequence to 64 costs little (in a decoding step only attention
+# reads the padded length). Applies under the default rule (`pow2`); a rule set in
+# TORCHNEURON_BUCKETS with a minimum (`pow2:16`) or another kind is used as it is.
+GROWING_MINIMUM = 64
+
+
 class Program:
     """One description made into a bucketed graph."""
 
     def __init__(self, description: tuple, fit: Fit, ints: list[int], externals: tuple,
-                 live: tuple) -> None:
+                 live: tuple, growing: bool = False) -> None:
         rebuild = _Rebuild(description, fit, ints, externals, live)
         self.fit = fit
         self.inputs = rebuild.inputs
         gm = rebuild.graph()
         self.symbol, self.lower, self.upper, self.guards = rebuild.assumptions()
-        bucketing = buckets.GraphBucketing(gm, "inference", buckets.rule_for({}), None, None)
+        rule = buckets.rule_for({})
+        if growing and rule == buckets.BucketRule("pow2"):
+            rule = buckets.BucketRule("pow2", minimum=GROWING_MINIMUM)
+        bucketing = buckets.GraphBucketing(gm, "inference", rule, None, None)
         if not bucketing.active:
             raise NotBucketable("no input has the size as a dimension")
         analysis = bucketing.analysis(bucketing.static_hints())

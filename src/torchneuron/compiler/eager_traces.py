@@ -98,7 +98,7 @@ def run_trace(nodes, externals: tuple, live: tuple) -> list | None:
         # process imports the compiler (~0.7 s), more than compiling a second program. A
         # size that grew by one (a sequence generated token by token) goes on growing: that
         # trace is bucketed at its second size.
-        grew_by_one = fit is not None and fit.size_of(ints) == fit.size_of(samples[0]) + 1
+        grew_by_one = fit is not None and fit.size_of(ints) == fit.size_of(samples[-1]) + 1
         if len(samples) < 2 and not grew_by_one:
             _keep(_SAMPLES, key, [*samples, ints])
             return None
@@ -111,7 +111,7 @@ def run_trace(nodes, externals: tuple, live: tuple) -> list | None:
 
         try:
             with _counted():
-                program = Program(description, fit, ints, externals, live)
+                program = Program(description, fit, ints, externals, live, grew_by_one)
         except NotBucketable as err:
             _keep(_PROGRAMS, key, str(err))
             fusion.STATS.unbucketed += 1
