@@ -239,3 +239,16 @@ def test_hf_generate_runs_its_growing_cache_bucketed_with_the_tokens_of_cpu():
     assert fused["bucketed_programs"] >= 1
     assert fused["bucketed_runs"] >= 10
     assert fused["unbucketed"] == 0
+
+
+def test_a_fake_kernel_that_refuses_symbolic_sizes_leaves_no_traceback(caplog):
+    # linalg_solve_triangular's fake kernel needs concrete sizes: the trace runs as before,
+    # the reason is kept, and FakeTensorMode's ERROR-level traceback is not shown.
+    for n in (5, 6, 7):
+        a = torch.randn(3, 3).triu() + 3 * torch.eye(3)
+        b = torch.randn(3, n)
+        got = torch.linalg.solve_triangular(a.to(DEV), b.to(DEV) * 2, upper=True).cpu()
+        torch.testing.assert_close(got, torch.linalg.solve_triangular(a, b * 2, upper=True),
+                                   rtol=1e-4, atol=1e-4)
+    assert any("linalg_solve_triangular" in r for r in eager_traces.why_not_bucketed())
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses.fake_tensor")]

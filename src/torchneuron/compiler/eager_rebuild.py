@@ -12,7 +12,10 @@ executable and cuts the outputs.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import sympy
@@ -117,7 +120,7 @@ class _Rebuild:
 
     def graph(self) -> torch.fx.GraphModule:
         fakes = self.placeholders()
-        with self.mode:
+        with self.mode, _quiet_fake_kernels():
             return make_fx(self._replay, tracing_mode="real")(self.s, *fakes)
 
     def assumptions(self) -> tuple:
@@ -340,6 +343,20 @@ def _unravel(offset: int, blocks: list[int]) -> tuple[list[int], int]:
         start, offset = divmod(offset, step)
         coordinates.append(start)
     return coordinates, offset
+
+
+@contextlib.contextmanager
+def _quiet_fake_kernels() -> Iterator[None]:
+    """FakeTensorMode logs a traceback at ERROR level for a fake kernel that raises; the
+    rebuild handles that failure (`_fake_call`: the trace runs as before, the reason kept
+    for `why_not_bucketed()`), so the user's stderr gets no traceback for it."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
 
 
 def _fake_call(op, args: list, kwargs: dict):
