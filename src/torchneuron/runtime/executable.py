@@ -336,7 +336,8 @@ def _family(plan: OpPlan, key: tuple, code: tuple) -> tuple | None:
     arguments = tuple(_without_sizes(k, name in sizes) for k, name in zip(key, plan.arg_names))
     *rest, fresh, writes = code[3:]
     family = (code[0], code[1], arguments, *rest,
-              tuple(None if m is None else (m[0], _size_classes(m[1]), _dim_order(m[2]))
+              tuple(None if m is None else (m[0], _size_classes(m[1]),
+                                            strided.dense_permutation(m[1], m[2]))
                     for m in fresh),
               _without_sizes(writes, False))
     try:
@@ -348,11 +349,6 @@ def _family(plan: OpPlan, key: tuple, code: tuple) -> tuple | None:
 
 def _size_classes(shape: tuple) -> tuple:
     return tuple(min(d, 2) for d in shape)
-
-
-def _dim_order(stride: tuple) -> tuple:
-    """A layout's dimensions from outermost to innermost (strides, less their sizes)."""
-    return tuple(sorted(range(len(stride)), key=lambda i: (-stride[i], i)))
 
 
 def _without_sizes(value: Any, ints_are_sizes: bool) -> Any:

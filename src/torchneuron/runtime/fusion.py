@@ -26,10 +26,10 @@ ops in the same arrangement (the trace's skeleton: its structure without shapes)
 compiled `_SHAPE_CHURN` times already, a new shape of it runs op by op instead, on the ops' own
 executables, which the ops whose shapes did not change share across those traces; where most of
 its ops have new shapes, compiling each alone would cost more than one program, and it compiles
-as a program again. A trace that
-reads a growing buffer only through small views (`ids[:, -1:]`, the last token) keeps its
-shapes instead: on the CPU platform such buffers are passed as copies of the range the views
-reach (runtime/windows.py), so its program compiles once, not at every length.
+as a program again. A trace that reads a growing buffer only through small views (`ids[:, -1:]`,
+the last token) keeps its shapes instead: on the CPU platform such buffers are passed as copies
+of the range the views reach (runtime/windows.py), so its program compiles once, not at every
+length.
 
 An op that checks values (gather, embedding, index_select, nll_loss's targets...) ends the
 trace: the trace's program is launched right after the op is recorded. An index out of range
@@ -168,8 +168,7 @@ def _shapes_churn(nodes, externals: tuple) -> bool:
     skeleton = tuple((_OP_OF.get(id(fn)), refs, n) for fn, refs, n, _ in nodes)
     if None in (op for op, _refs, _n in skeleton):
         return False  # an executable not made by eager.py (compiled graphs, overrides)
-    seen = (tuple(id(fn) for fn, _refs, _n, _site in nodes),
-            tuple(getattr(value, "shape", None) for value in externals))
+    seen = (tuple(id(fn) for fn, _refs, _n, _site in nodes), windows.buffer_shapes(externals))
     compiled, known = _SKELETONS.get(skeleton, (0, None))
     if compiled >= _SHAPE_CHURN:
         _SKELETONS.move_to_end(skeleton)
