@@ -37,6 +37,8 @@ SETTINGS: dict[str, Setting] = {
                 "raise instead of running an op (or a compiled graph) on CPU / eagerly"),
         Setting("TORCHNEURON_ASYNC_DISPATCH", "1", "bool",
                 "JAX's asynchronous dispatch on the CPU client (off under launch blocking)"),
+        Setting("TORCHNEURON_JAX_TRACEBACKS", "0", "bool",
+                "JAX records the Python stack of every array it creates (memory profiles)"),
         Setting("TORCHNEURON_AUTOGRAD_DEVICE_THREAD", "0", "bool",
                 "run backward passes on PyTorch's per-device autograd thread"),
         Setting("TORCHNEURON_NATIVE_LIBRARY", "1", "bool",
