@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import torchneuron  # noqa: F401  (registers the neuron device)
-from torchneuron.runtime import signature, storage
+from torchneuron.runtime import _native, fusion, signature, storage
+from torchneuron.runtime.plan import is_default, plan_for
 
 DEV = "neuron"
 _IDX = torch.tensor([0, 2, 2])
@@ -144,3 +145,50 @@ def test_set_buffers_swaps_storage_buffers_or_changes_nothing():
     # A tensor without a payload (another device): nothing is written, Python takes over.
     assert signature.set_buffers([a, torch.zeros(3)], [buffers[1], buffers[0]]) is False
     torch.testing.assert_close(a.cpu(), torch.arange(3.0))
+
+
+def test_a_traced_number_at_its_schema_default_is_no_input():
+    # add's alpha=1 (also sub's, addmm's beta and alpha): the lowering gets the constant, the
+    # executable one input less, and the key is the one of an argument left out.
+    plan = plan_for(torch.ops.aten.add.Tensor)
+    a, b = torch.ones(3, device=DEV), torch.ones(3, device=DEV)
+    key, inputs = signature.arguments_key(plan, plan.bind((a, b), {}))
+    assert key[2] is None and len(inputs) == 2
+    key, inputs = signature.arguments_key(plan, plan.bind((a, b), {"alpha": 2}))
+    assert key[2] is int and len(inputs) == 3
+    # Another type, or a zero of the other sign, is not the default.
+    key, _ = signature.arguments_key(plan, plan.bind((a, b), {"alpha": 1.0}))
+    assert key[2] is float
+    assert is_default(0.0, 0.0) and is_default(1, 1)
+    assert not is_default(-0.0, 0.0) and not is_default(True, 1) and not is_default(1.0, 1)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["op_by_op", "fused"])
+def test_numbers_at_and_off_their_defaults_compute_as_on_cpu(fused):
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    calls = [
+        lambda x, y: x + y,
+        lambda x, y: torch.add(x, y, alpha=2),
+        lambda x, y: torch.add(x, y, alpha=1.0),
+        lambda x, y: torch.sub(x, y, alpha=-0.5),
+        lambda x, y: torch.addmm(x, x, y),
+        lambda x, y: torch.addmm(x, x, y, beta=0.5, alpha=1),
+        lambda x, y: torch.nn.functional.leaky_relu(x),
+        lambda x, y: torch.nn.functional.leaky_relu(x, -0.0),
+        lambda x, y: x.clone().add_(y, alpha=3),
+        lambda x, y: (x > 0).add(y > 0),
+    ]
+    was = fusion.recording()
+    fusion.set_enabled(fused)
+    try:
+        native = _native.fastpath()
+        if native is not None:
+            native.reset_fast_counts()
+        xd, yd = x.to(DEV), y.to(DEV)
+        for _ in range(3):  # the second and later calls take the C++ fast path when it is built
+            for fn in calls:
+                torch.testing.assert_close(fn(xd, yd).cpu(), fn(x, y))
+        if native is not None and not fused:
+            assert native.fast_counts().get("aten.add.Tensor", 0) >= 4
+    finally:
+        fusion.set_enabled(was)

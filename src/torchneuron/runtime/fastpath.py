@@ -54,7 +54,9 @@ def _fast_route(plan: OpPlan) -> int:
 
 
 def describe(name: str, overload: str) -> tuple:
-    """(route, op, argument kinds, returns) for the kernel; returns: ((fresh, arg), ...)."""
+    """(route, op, argument kinds, returns, defaults) for the kernel; returns: ((fresh, arg),
+    ...); defaults: per argument, the traced number's schema default or None
+    (plan.scalar_defaults: a call passing it has no input for it)."""
     op = _resolve(name, overload)
     plan = plan_for(op)
     route = _fast_route(plan)
@@ -65,7 +67,7 @@ def describe(name: str, overload: str) -> tuple:
         aliases = iter(plan.mutated)
         returns = tuple((True, -1) if i in plan.fresh_returns else (False, next(aliases))
                         for i in range(len(plan.return_types)))
-    return route, op, kinds, returns
+    return route, op, kinds, returns, tuple(plan.scalar_defaults)
 
 
 def take_last(op) -> tuple | None:

@@ -25,7 +25,7 @@ import torch
 
 from ..lowerings.dtypes import UnsupportedDtypeError, is_bit_container, to_jax_dtype
 from . import _native, fusion, storage, strided
-from .plan import GENERATOR, NEURON, OPT_TENSOR_LIST, SCALAR, STATIC, TENSOR, OpPlan
+from .plan import GENERATOR, NEURON, OPT_TENSOR_LIST, SCALAR, STATIC, TENSOR, OpPlan, is_default
 
 HOST = "host"
 NUMBER = "number"
@@ -196,14 +196,14 @@ def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
     key = []
     inputs: list = []
     host = False  # a 0-dim CPU tensor among the tensors (then no written argument may be one)
-    for kind, value in zip(plan.kinds, values):
+    for kind, value, default in zip(plan.kinds, values, plan.scalar_defaults):
         if kind == STATIC:
             key.append(hashable(value))
         elif kind == GENERATOR:
             key.append(None)  # the draw is an executable input of its own
         elif kind == SCALAR:
-            if value is None:
-                key.append(None)
+            if value is None or is_default(value, default):
+                key.append(None)  # read_arguments gives the lowering the default
             else:
                 if isinstance(value, torch.Tensor):
                     value = value.item()
@@ -237,13 +237,13 @@ def read_arguments(plan: OpPlan, key: tuple, inputs, static_values: list) -> lis
     """Inside the trace: the argument list with every tensor replaced by its jax value."""
     it = iter(inputs)
     values = []
-    for kind, k, static in zip(plan.kinds, key, static_values):
+    for kind, k, static, default in zip(plan.kinds, key, static_values, plan.scalar_defaults):
         if kind == STATIC:
             values.append(static)
         elif kind == GENERATOR:
             values.append(None)
         elif kind == SCALAR:
-            values.append(None if k is None else next(it))
+            values.append(default if k is None else next(it))
         elif kind == TENSOR:
             values.append(read_tensor(k, it))
         else:

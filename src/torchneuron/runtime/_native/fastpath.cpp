@@ -423,6 +423,9 @@ struct OpEntry {
   Route route = UNKNOWN;
   PyObject* py_op = nullptr;  // the OpOverload
   std::vector<ArgKind> kinds;
+  // Per argument: a traced number's schema default as (tag, bits, imaginary bits), tag
+  // TAG_NONE (-1) where there is none. A call passing it gets no input for it (plan.is_default).
+  std::vector<std::array<int64_t, 3>> defaults;
   std::vector<Return> returns;
   std::unordered_map<Key, std::unique_ptr<Executable>, KeyHash> executables;
   int64_t fast_calls = 0;
@@ -456,6 +459,50 @@ bool profiling() {
   return on;
 }
 
+template <typename T>
+int64_t bits_of(T v) {
+  int64_t out = 0;
+  std::memcpy(&out, &v, sizeof(T));
+  return out;
+}
+
+constexpr int64_t TAG_NONE = -1, TAG_TENSOR = -2, TAG_HOST = -3, TAG_INT = -4, TAG_FLOAT = -5,
+                  TAG_BOOL = -6, TAG_COMPLEX = -7, TAG_LIST = -8, TAG_STRING = -9,
+                  TAG_DEVICE = -10;
+
+// A number as (its type's tag, its bits, its imaginary part's bits).
+std::array<int64_t, 3> scalar_key_of(const c10::Scalar& s) {
+  if (s.isBoolean()) {
+    return {TAG_BOOL, s.toBool() ? 1 : 0, 0};
+  }
+  if (s.isIntegral(false)) {
+    return {TAG_INT, bits_of(s.toLong()), 0};
+  }
+  if (s.isComplex()) {
+    auto c = s.toComplexDouble();
+    return {TAG_COMPLEX, bits_of(c.real()), bits_of(c.imag())};
+  }
+  return {TAG_FLOAT, bits_of(s.toDouble()), 0};
+}
+
+// fastpath.describe's default of one argument (a Python number or None) as scalar_key_of has it.
+std::array<int64_t, 3> default_key(PyObject* value) {
+  if (PyBool_Check(value)) {
+    return scalar_key_of(c10::Scalar(value == Py_True));
+  }
+  if (PyLong_Check(value)) {
+    return scalar_key_of(c10::Scalar(static_cast<int64_t>(PyLong_AsLongLong(value))));
+  }
+  if (PyFloat_Check(value)) {
+    return scalar_key_of(c10::Scalar(PyFloat_AsDouble(value)));
+  }
+  if (PyComplex_Check(value)) {
+    return scalar_key_of(c10::Scalar(c10::complex<double>(PyComplex_RealAsDouble(value),
+                                                          PyComplex_ImagAsDouble(value))));
+  }
+  return {TAG_NONE, 0, 0};
+}
+
 OpEntry& entry_for(const c10::OperatorHandle& op) {
   auto& slot = entries[&op.schema()];
   if (!slot) {
@@ -469,9 +516,9 @@ OpEntry& entry_for(const c10::OperatorHandle& op) {
     if (described == nullptr) {
       raise_python();
     }
-    // (route, py_op, kinds, returns) ; returns: ((fresh: bool, arg: int), ...)
+    // (route, py_op, kinds, returns, defaults) ; returns: ((fresh: bool, arg: int), ...)
     entry.route = SLOW;
-    if (PyTuple_Check(described) && PyTuple_GET_SIZE(described) == 4) {
+    if (PyTuple_Check(described) && PyTuple_GET_SIZE(described) == 5) {
       long route = PyLong_AsLong(PyTuple_GET_ITEM(described, 0));
       entry.py_op = PyTuple_GET_ITEM(described, 1);
       Py_INCREF(entry.py_op);
@@ -484,6 +531,10 @@ OpEntry& entry_for(const c10::OperatorHandle& op) {
         PyObject* r = PyTuple_GET_ITEM(returns, i);
         entry.returns.push_back(
             {PyTuple_GET_ITEM(r, 0) == Py_True, static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(r, 1)))});
+      }
+      PyObject* defaults = PyTuple_GET_ITEM(described, 4);
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(defaults); ++i) {
+        entry.defaults.push_back(default_key(PyTuple_GET_ITEM(defaults, i)));
       }
       entry.route = static_cast<Route>(route);
     } else if (described != Py_None) {
@@ -523,9 +574,6 @@ PyObject* dtype_object(c10::ScalarType st) {
 }
 
 
-constexpr int64_t TAG_NONE = -1, TAG_TENSOR = -2, TAG_HOST = -3, TAG_INT = -4, TAG_FLOAT = -5,
-                  TAG_BOOL = -6, TAG_COMPLEX = -7, TAG_LIST = -8, TAG_STRING = -9,
-                  TAG_DEVICE = -10;
 constexpr int64_t MODE_FULL = 0, MODE_SLICE = 1, MODE_STRIDED = 2;
 
 // A static argument's value in the key; false for kinds this file does not describe.
@@ -620,13 +668,6 @@ PyObject* scalar_input(const ScalarKey& key, PyObject* value) {
   return array;
 }
 
-template <typename T>
-int64_t bits_of(T v) {
-  int64_t out = 0;
-  std::memcpy(&out, &v, sizeof(T));
-  return out;
-}
-
 // Python's number for a Scalar, as `tensor.item()` gives it (a new reference).
 PyObject* python_number(const c10::Scalar& s) {
   if (s.isBoolean()) {
@@ -645,21 +686,9 @@ PyObject* python_number(const c10::Scalar& s) {
 // A number argument as the executable takes it (a new reference: the Python number, or its
 // cached array), and its type's tag in the key.
 PyObject* number_input(const c10::Scalar& s, int64_t& tag) {
-  if (s.isBoolean()) {
-    tag = TAG_BOOL;
-    return scalar_input({TAG_BOOL, s.toBool() ? 1 : 0, 0}, python_number(s));
-  }
-  if (s.isIntegral(false)) {
-    tag = TAG_INT;
-    return scalar_input({TAG_INT, bits_of(s.toLong()), 0}, python_number(s));
-  }
-  if (s.isComplex()) {
-    auto c = s.toComplexDouble();
-    tag = TAG_COMPLEX;
-    return scalar_input({TAG_COMPLEX, bits_of(c.real()), bits_of(c.imag())}, python_number(s));
-  }
-  tag = TAG_FLOAT;
-  return scalar_input({TAG_FLOAT, bits_of(s.toDouble()), 0}, python_number(s));
+  ScalarKey key = scalar_key_of(s);
+  tag = key[0];
+  return scalar_input(key, python_number(s));
 }
 
 // The call's key and executable inputs (new references appended to `inputs`); false when the
@@ -679,8 +708,13 @@ bool describe_call(const OpEntry& entry, const c10::IValue* args, Key& key,
         if (v.isNone()) {
           key.push_back(TAG_NONE);
         } else if (v.isDouble() || v.isBool() || v.isInt() || v.isComplexDouble()) {
+          c10::Scalar number = v.toScalar();
+          if (i < entry.defaults.size() && scalar_key_of(number) == entry.defaults[i]) {
+            key.push_back(TAG_NONE);  // as signature.py keys it: the lowering has the default
+            break;
+          }
           int64_t tag = 0;
-          inputs.push_back(number_input(v.toScalar(), tag));
+          inputs.push_back(number_input(number, tag));
           key.push_back(tag);
         } else {
           return false;
