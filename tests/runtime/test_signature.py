@@ -148,17 +148,27 @@ def test_set_buffers_swaps_storage_buffers_or_changes_nothing():
 
 
 def test_a_traced_number_at_its_schema_default_is_no_input():
-    # add's alpha=1 (also sub's, addmm's beta and alpha): the lowering gets the constant, the
-    # executable one input less, and the key is the one of an argument left out.
+    # add's alpha=1 (also sub's, addmm's beta and alpha): a call run by itself gives the
+    # lowering the constant, its executable one input less, and the key of an argument left
+    # out. A recorded call keeps it an input: fused programs compute as they did.
     plan = plan_for(torch.ops.aten.add.Tensor)
     a, b = torch.ones(3, device=DEV), torch.ones(3, device=DEV)
-    key, inputs = signature.arguments_key(plan, plan.bind((a, b), {}))
-    assert key[2] is None and len(inputs) == 2
-    key, inputs = signature.arguments_key(plan, plan.bind((a, b), {"alpha": 2}))
-    assert key[2] is int and len(inputs) == 3
-    # Another type, or a zero of the other sign, is not the default.
-    key, _ = signature.arguments_key(plan, plan.bind((a, b), {"alpha": 1.0}))
-    assert key[2] is float
+    was = fusion.recording()
+    try:
+        fusion.set_enabled(False)
+        key, inputs = signature.arguments_key(plan, plan.bind((a, b), {}))
+        assert key[2] is None and len(inputs) == 2
+        key, inputs = signature.arguments_key(plan, plan.bind((a, b), {"alpha": 2}))
+        assert key[2] is int and len(inputs) == 3
+        # Another type, or a zero of the other sign, is not the default.
+        key, _ = signature.arguments_key(plan, plan.bind((a, b), {"alpha": 1.0}))
+        assert key[2] is float
+        if fusion._NATIVE is not None:
+            fusion.set_enabled(True)
+            key, inputs = signature.arguments_key(plan, plan.bind((a, b), {}))
+            assert key[2] is int and len(inputs) == 3
+    finally:
+        fusion.set_enabled(was)
     assert is_default(0.0, 0.0) and is_default(1, 1)
     assert not is_default(-0.0, 0.0) and not is_default(True, 1) and not is_default(1.0, 1)
 

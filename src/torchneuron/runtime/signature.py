@@ -16,6 +16,7 @@ Tensor keys (tuples, cheap to hash):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,7 +197,11 @@ def _gather(plan: OpPlan, values: list) -> tuple[tuple, list]:
     key = []
     inputs: list = []
     host = False  # a 0-dim CPU tensor among the tensors (then no written argument may be one)
-    for kind, value, default in zip(plan.kinds, values, plan.scalar_defaults):
+    # A call run by itself takes a number passed at its schema default as a constant, one
+    # input less (plan.scalar_defaults); a recorded call keeps it an input (fused programs
+    # pass their scalars packed, and compute as they did).
+    defaults = plan.scalar_defaults if not fusion.recording() else itertools.repeat(None)
+    for kind, value, default in zip(plan.kinds, values, defaults):
         if kind == STATIC:
             key.append(hashable(value))
         elif kind == GENERATOR:

@@ -709,8 +709,10 @@ bool describe_call(const OpEntry& entry, const c10::IValue* args, Key& key,
           key.push_back(TAG_NONE);
         } else if (v.isDouble() || v.isBool() || v.isInt() || v.isComplexDouble()) {
           c10::Scalar number = v.toScalar();
-          if (i < entry.defaults.size() && scalar_key_of(number) == entry.defaults[i]) {
-            key.push_back(TAG_NONE);  // as signature.py keys it: the lowering has the default
+          // A call run now takes a number at its default as a constant; a recorded one keeps
+          // it an input (as signature.py keys them).
+          if (!fusion && i < entry.defaults.size() && scalar_key_of(number) == entry.defaults[i]) {
+            key.push_back(TAG_NONE);
             break;
           }
           int64_t tag = 0;
