@@ -284,3 +284,37 @@ def test_dlpack_capsule_of_an_offset_view_raises_instead_of_reading_wrong_values
     # memory from PyTorch's allocator for the device is still the device's own
     t = torch.empty(0, device=DEV).set_(torch.UntypedStorage(16, device=DEV))
     assert t.cpu().tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c_library", "python"])
+def test_output_tensors_with_and_without_the_c_library(native, monkeypatch):
+    # An executable's outputs (compiled graphs, the Python path) are made by the C++ library
+    # where it is built: the same tensor, storage and accounting as the Python construction.
+    import gc
+
+    import jax.numpy as jnp
+
+    from torchneuron.runtime import storage
+
+    if native and storage._NATIVE is None:
+        pytest.skip("the C++ library is not built here")
+    # Payloads are the library's wherever it is built, whichever way the tensor is made.
+    allocated = storage.memory_stats if storage._NATIVE is None else storage._NATIVE.memory_stats
+    if not native:
+        monkeypatch.setattr(storage, "_NATIVE", None)
+    gc.collect()
+    before = allocated()[0]
+    t = storage.output_tensor((3, 2), (1, 3), 24, torch.float32,
+                              jnp.arange(6, dtype=jnp.float32))
+    assert t.device == torch.device("neuron:0") and t.dtype == torch.float32
+    assert t.shape == (3, 2) and t.stride() == (1, 3) and t.storage_offset() == 0
+    assert t.untyped_storage().nbytes() == 24 and t.data_ptr() != 0
+    assert allocated()[0] - before == 24
+    torch.testing.assert_close(t.cpu(), torch.arange(6.0).reshape(2, 3).t())
+    t.add_(1)
+    torch.testing.assert_close(t.cpu(), torch.arange(1.0, 7.0).reshape(2, 3).t())
+    never_written = storage.output_tensor((4,), (1,), 16, torch.int32, None)
+    assert torch.equal(never_written.cpu(), torch.zeros(4, dtype=torch.int32))
+    del t, never_written
+    gc.collect()
+    assert allocated()[0] == before

@@ -593,9 +593,7 @@ class CompiledGraph:
                 results.append(flat.as_strided(shape, stride))
                 continue
             # storage.new_tensor, with the storage size worked out when the executable was built
-            tensor = torch._C._acc.create_empty_tensor(shape, dtype)
-            results.append(storage.attach(tensor, storage.new_storage(nbytes, dtype, buf), 0,
-                                          shape, stride))
+            results.append(storage.output_tensor(shape, stride, nbytes, dtype, buf))
         return results
 
 

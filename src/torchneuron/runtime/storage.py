@@ -228,8 +228,18 @@ def new_tensor(shape, dtype: torch.dtype, stride=None, buf=None, device_index: i
     """A neuron tensor with its own storage; `buf` (flat, memory order) or uninitialized."""
     shape = tuple(shape)
     stride = contiguous_strides(shape) if stride is None else tuple(stride)
-    numel = storage_size_for(shape, stride)
-    storage = new_storage(numel * dtype.itemsize, dtype, buf, device_index)
+    nbytes = storage_size_for(shape, stride) * dtype.itemsize
+    return output_tensor(shape, stride, nbytes, dtype, buf, device_index)
+
+
+def output_tensor(shape: tuple, stride: tuple, nbytes: int, dtype: torch.dtype, buf,
+                  device_index: int = 0) -> torch.Tensor:
+    """A neuron tensor over a new storage of `nbytes` holding `buf` (an executable's output, a
+    pending value, or None: never written). The C++ library makes it as the fast path makes
+    an op's output (~1 us); without it, a Python storage and a `set_` (~10 us)."""
+    if _NATIVE is not None and device_index == 0:
+        return _NATIVE.new_tensor(dtype, shape, stride, nbytes, buf)
+    storage = new_storage(nbytes, dtype, buf, device_index)
     tensor = torch._C._acc.create_empty_tensor(shape, dtype)
     return attach(tensor, storage, 0, shape, stride)
 

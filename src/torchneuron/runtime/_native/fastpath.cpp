@@ -1524,6 +1524,54 @@ PyObject* py_set_buffers(PyObject* /*self*/, PyObject* const* args, Py_ssize_t n
   Py_RETURN_TRUE;
 }
 
+// A tuple or list of Python ints as a vector; false (a Python error set) otherwise.
+bool int_vector(PyObject* seq, std::vector<int64_t>& out) {
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of ints");
+  if (fast == nullptr) {
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  out.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+  }
+  Py_DECREF(fast);
+  return !PyErr_Occurred();
+}
+
+// new_tensor(dtype, sizes, strides, nbytes, buf): a neuron tensor (device 0) on a new storage
+// of `nbytes` holding `buf`, made as the fast path makes an op's output (storage.new_tensor
+// without the Python-level storage construction and `set_` redispatch).
+PyObject* py_new_tensor(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 || !THPDtype_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "new_tensor(dtype, sizes, strides, nbytes, buf)");
+    return nullptr;
+  }
+  OutputMeta meta;
+  meta.dtype = reinterpret_cast<THPDtype*>(args[0])->scalar_type;
+  meta.nbytes = PyLong_AsLongLong(args[3]);
+  if (PyErr_Occurred() || !int_vector(args[1], meta.sizes) || !int_vector(args[2], meta.strides)) {
+    return nullptr;
+  }
+  if (meta.sizes.size() != meta.strides.size()) {
+    PyErr_SetString(PyExc_ValueError, "new_tensor: sizes and strides differ in length");
+    return nullptr;
+  }
+  PyObject* buf = args[4];
+  try {
+    at::Tensor tensor = new_output(meta, buf);
+    if (buf != Py_None && Py_TYPE(buf) != &PendingType) {
+      set_latest(buf);
+    }
+    return THPVariable_Wrap(std::move(tensor));
+  } catch (const python_error&) {
+    return nullptr;
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+    return nullptr;
+  }
+}
+
 PyObject* py_memory_stats(PyObject* /*self*/, PyObject* /*unused*/) {
   return Py_BuildValue("(LLLL)", static_cast<long long>(stats.allocated),
                        static_cast<long long>(stats.peak), static_cast<long long>(stats.num_alloc),
@@ -1554,6 +1602,8 @@ PyMethodDef methods[] = {
     {"forget", py_forget, METH_NOARGS, "drop every learned executable"},
     {"forget_executable", py_forget_executable, METH_O, "drop the learned executables calling fn"},
     {"memory_stats", py_memory_stats, METH_NOARGS, "(allocated, peak, num_alloc, num_free)"},
+    {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_new_tensor)),
+     METH_FASTCALL, "new_tensor(dtype, sizes, strides, nbytes, buf): a neuron tensor holding buf"},
     {"set_buffers", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_set_buffers)),
      METH_FASTCALL, "set_buffers(tensors, buffers): new storage buffers, or False"},
     {"tensor_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_tensor_key)),
