@@ -117,17 +117,15 @@ class _Describer:
         it = iter(refs)
         args = []
         symbolic = size_arguments(plan.op)
-        for name, kind, k, static, default in zip(plan.arg_names, plan.kinds, key, statics,
-                                                  plan.scalar_defaults):
+        for name, kind, k, static in zip(plan.arg_names, plan.kinds, key, statics):
             if kind == STATIC:
                 args.append(("static", self.static(static), name in symbolic))
             elif kind == GENERATOR:
                 args.append(None)
             elif kind == SCALAR:
-                if k is not None:
-                    args.append(self.external_scalar(next(it)))
-                else:  # left out, or passed at its default (signature.read_arguments)
-                    args.append(None if default is None else ("static", default, False))
+                # Recorded calls keep numbers at their defaults as inputs (signature._gather):
+                # a None key is an argument left out.
+                args.append(None if k is None else self.external_scalar(next(it)))
             elif kind == TENSOR:
                 args.append(self.tensor(k, it))
             else:

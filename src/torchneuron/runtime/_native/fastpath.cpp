@@ -709,15 +709,15 @@ bool describe_call(const OpEntry& entry, const c10::IValue* args, Key& key,
           key.push_back(TAG_NONE);
         } else if (v.isDouble() || v.isBool() || v.isInt() || v.isComplexDouble()) {
           c10::Scalar number = v.toScalar();
+          ScalarKey number_key = scalar_key_of(number);
           // A call run now takes a number at its default as a constant; a recorded one keeps
           // it an input (as signature.py keys them).
-          if (!fusion && i < entry.defaults.size() && scalar_key_of(number) == entry.defaults[i]) {
+          if (!fusion && i < entry.defaults.size() && number_key == entry.defaults[i]) {
             key.push_back(TAG_NONE);
             break;
           }
-          int64_t tag = 0;
-          inputs.push_back(number_input(number, tag));
-          key.push_back(tag);
+          inputs.push_back(scalar_input(number_key, python_number(number)));
+          key.push_back(number_key[0]);
         } else {
           return false;
         }
