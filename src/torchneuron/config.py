@@ -43,6 +43,8 @@ SETTINGS: dict[str, Setting] = {
                 "run backward passes on PyTorch's per-device autograd thread"),
         Setting("TORCHNEURON_NATIVE_LIBRARY", "1", "bool",
                 "build and load the small C++ library (fast path, generators, allocator)"),
+        Setting("TORCHNEURON_HOST_KERNELS", "1", "bool",
+                "on the CPU platform, programs call PyTorch's CPU convolution kernels (needs the C++ library)"),
         Setting("TORCHNEURON_REBUILD_EXTENSION", "0", "bool",
                 "rebuild the C++ library even if cached or an earlier build failed"),
         Setting("TORCHNEURON_CACHE_DIR", "", "path",

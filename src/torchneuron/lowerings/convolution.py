@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
+from . import host_kernels
 from .registry import lowers, upcast_half
 
 aten = torch.ops.aten
@@ -100,11 +102,36 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     )
 
 
+_HOST_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+
+
+def _on_host(kernel: str, *arrays) -> bool:
+    """Whether PyTorch's own CPU kernel runs this call (lowerings/host_kernels.py): float32 or
+    float64, all of one dtype."""
+    return (host_kernels.available(kernel) and arrays[0].dtype in _HOST_DTYPES
+            and all(a.dtype == arrays[0].dtype for a in arrays))
+
+
+def _host_attributes(ndim, stride, padding, dilation, transposed, output_padding, groups):
+    n = ndim - 2
+    ints = host_kernels.ints
+    return dict(stride=ints(_expand(stride, n)), padding=ints(_expand(padding, n)),
+                dilation=ints(_expand(dilation, n)), transposed=bool(transposed),
+                output_padding=ints(_expand(output_padding, n) if output_padding else [0] * n),
+                groups=np.int64(groups))
+
+
 @lowers(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
     _check_conv_shapes(input, weight, transposed, groups)
     _check_conv_params(stride, padding, output_padding)
+    arrays = (input, weight) if bias is None else (input, weight, bias)
+    if _on_host("convolution", *arrays):
+        out = jax.eval_shape(lambda x, w: _conv(x, w, stride, padding, dilation, transposed,
+                                                output_padding, groups), input, weight)
+        return host_kernels.call("convolution", out, *arrays, **_host_attributes(
+            input.ndim, stride, padding, dilation, transposed, output_padding, groups))
     x, w = upcast_half(input), upcast_half(weight)
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
@@ -115,6 +142,15 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
 @lowers(aten.convolution_backward.default)
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
+    if any(output_mask) and _on_host("convolution_backward", grad_output, input, weight):
+        wanted = [jax.ShapeDtypeStruct(shape, grad_output.dtype) for shape, keep in zip(
+            (input.shape, weight.shape, (grad_output.shape[1],)), output_mask, strict=True) if keep]
+        grads = iter(host_kernels.call(
+            "convolution_backward", wanted, grad_output, input, weight,
+            grad_input=bool(output_mask[0]), grad_weight=bool(output_mask[1]),
+            grad_bias=bool(output_mask[2]), **_host_attributes(
+                input.ndim, stride, padding, dilation, transposed, output_padding, groups)))
+        return tuple(next(grads) if keep else None for keep in output_mask)
     g, x, w = upcast_half(grad_output), upcast_half(input), upcast_half(weight)
 
     def forward(x_, w_):

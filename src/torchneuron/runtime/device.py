@@ -11,7 +11,18 @@ from typing import Any
 import torch
 
 from .. import config
-from . import autocast, dispatch, module_conversion, platform, rng, serialization, sparse, storage
+from ..lowerings import host_kernels
+from . import (
+    _native,
+    autocast,
+    dispatch,
+    module_conversion,
+    platform,
+    rng,
+    serialization,
+    sparse,
+    storage,
+)
 
 DEVICE_NAME = "neuron"
 _lock = threading.Lock()
@@ -251,6 +262,15 @@ def _backward_in_calling_thread() -> None:
         torch._C._set_multithreading_enabled(False)
 
 
+def _install_host_kernels() -> None:
+    """PyTorch's CPU convolution kernels inside programs on XLA's CPU client
+    (lowerings/host_kernels.py): 2-5x faster than XLA's, and CPU's results."""
+    if platform.platform_name() != "cpu" or not config.flag("TORCHNEURON_HOST_KERNELS"):
+        return
+    for name, handler in _native.host_kernels().items():
+        host_kernels.register(name, handler, identity=_native.cache_key())
+
+
 def register() -> None:
     """Register the device with PyTorch; safe to call any number of times."""
     global _registered
@@ -266,6 +286,7 @@ def register() -> None:
         # C++ hooks (explicit torch.Generator support) go first when they can be built;
         # the Python hooks below are then skipped by PyTorch (one set per process).
         rng.install()
+        _install_host_kernels()
         _setup_privateuseone_for_python_backend(
             DEVICE_NAME, backend_module=module, hook=_Hooks(), device_guard=_DeviceGuard()
         )

@@ -34,6 +34,7 @@ import torch
 from jax.experimental import serialize_executable
 
 from .. import config
+from ..lowerings import host_kernels
 from . import disk_budget
 
 try:
@@ -165,10 +166,18 @@ def store_executable(key: str, kind: str, executable) -> None:
         warnings.warn(f"torchneuron: could not write the compile cache ({err})", stacklevel=3)
 
 
-@functools.cache
 def build_digest() -> str:
-    """What every entry's key starts from: the versions, the platform, XLA's flags and the
-    package's own source (an edited lowering must not be served an old program)."""
+    """What every entry's key starts from: the versions, the platform, XLA's flags, the
+    package's own source (an edited lowering must not be served an old program) and the host
+    kernels programs may call (lowerings/host_kernels.py)."""
+    kernels = host_kernels.identity()
+    if not kernels:
+        return _source_digest()
+    return hashlib.sha256(f"{_source_digest()}\0{kernels}".encode()).hexdigest()
+
+
+@functools.cache
+def _source_digest() -> str:
     h = hashlib.sha256()
     for part in (torch.__version__, jax.__version__, config.platform(),
                  os.environ.get("XLA_FLAGS", "")):

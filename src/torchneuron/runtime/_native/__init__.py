@@ -7,7 +7,10 @@ Two sources next to this file make one shared library:
   device guard, an allocator and pinned host memory;
 - `fastpath.cpp` is the eager hot path: the PrivateUse1 kernel that runs view ops and known
   executables without entering Python, and the C type of storage payloads
-  (runtime/fastpath.py, runtime/storage.py).
+  (runtime/fastpath.py, runtime/storage.py);
+- `host_kernels.cpp` exports PyTorch's CPU convolution kernels as XLA FFI handlers, which
+  programs on XLA's CPU client call instead of XLA's slower convolutions
+  (lowerings/host_kernels.py); it compiles against the FFI headers jaxlib ships.
 
 It is compiled on first import, against the installed torch, with the compiler and paths
 `torch.utils.cpp_extension` reports (no ninja, no network), and cached under the user cache
@@ -45,8 +48,14 @@ import torch
 
 from ... import config
 
-SOURCES = (Path(__file__).with_name("neuron_generator.cpp"), Path(__file__).with_name("fastpath.cpp"))
-ABI_VERSION = 6
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("neuron_generator.cpp", "fastpath.cpp", "host_kernels.cpp"))
+ABI_VERSION = 7
+# The XLA FFI handlers host_kernels.cpp exports: kernel name -> symbol.
+HOST_KERNELS = {
+    "convolution": "torchneuron_host_convolution",
+    "convolution_backward": "torchneuron_host_convolution_backward",
+}
 _FLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared", "-w")
 
 _library: ctypes.PyDLL | None = None
@@ -75,6 +84,7 @@ def cache_key() -> str:
         *(source.read_bytes() for source in SOURCES),
         torch.__version__.encode(),
         str(torch.version.git_version).encode(),
+        _jaxlib_version().encode(),
         sys.implementation.cache_tag.encode(),
         sysconfig.get_platform().encode(),
         " ".join((*_FLAGS, _abi_define())).encode(),
@@ -83,6 +93,18 @@ def cache_key() -> str:
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:20]
+
+
+def _jaxlib_version() -> str:
+    import jaxlib
+
+    return jaxlib.__version__
+
+
+def _ffi_include_dir() -> str:
+    import jax.ffi
+
+    return jax.ffi.include_dir()
 
 
 def library_path() -> Path:
@@ -109,6 +131,7 @@ def _compile_command(output: Path) -> list[str]:
     command = [_compiler(), *_FLAGS, _abi_define()]
     command += [f"-I{p}" for p in cpp_extension.include_paths()]
     command.append(f"-I{sysconfig.get_paths()['include']}")
+    command.append(f"-I{_ffi_include_dir()}")
     command += [*(str(source) for source in SOURCES), "-o", str(output)]
     for lib_dir in cpp_extension.library_paths():
         command += [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}"]
@@ -252,6 +275,17 @@ def default_generator(index: int) -> torch.Generator:
     if _library is None:
         raise RuntimeError(f"torchneuron: no C++ generator library ({_error})")
     return _library.torchneuron_default_generator(index)
+
+
+def host_kernels() -> dict:
+    """The XLA FFI handlers of host_kernels.cpp as PyCapsules, by kernel name (empty without
+    the library)."""
+    if load() is None:
+        return {}
+    import jax.ffi
+
+    return {name: jax.ffi.pycapsule(getattr(_library, symbol))
+            for name, symbol in HOST_KERNELS.items()}
 
 
 def fastpath():
