@@ -170,7 +170,11 @@ def build_digest() -> str:
     """What every entry's key starts from: the versions, the platform, XLA's flags, the
     package's own source (an edited lowering must not be served an old program) and the host
     kernels programs may call (lowerings/host_kernels.py)."""
-    kernels = host_kernels.identity()
+    return _digest_with(host_kernels.identity())
+
+
+@functools.cache
+def _digest_with(kernels: str) -> str:
     if not kernels:
         return _source_digest()
     return hashlib.sha256(f"{_source_digest()}\0{kernels}".encode()).hexdigest()
