@@ -1,6 +1,6 @@
 """Build, cache and load the runtime's small, optional C++ library.
 
-Two sources next to this file make one shared library:
+The sources next to this file make one shared library:
 
 - `neuron_generator.cpp` registers C++ PrivateUse1 hooks that answer what the Python hooks
   cannot (`getNewGenerator`, `getDefaultGenerator`: `torch.Generator(device="neuron")`), the
