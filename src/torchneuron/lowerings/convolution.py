@@ -70,12 +70,16 @@ def _check_conv_params(stride, padding, output_padding) -> None:
         raise RuntimeError("non-positive stride is not supported")
 
 
+def _per_dimension(n, stride, padding, dilation, output_padding):
+    """The window parameters as one value per spatial dimension (of `n`)."""
+    return (_expand(stride, n), _expand(padding, n), _expand(dilation, n),
+            _expand(output_padding, n) if output_padding else [0] * n)
+
+
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     n = x.ndim - 2
-    stride = _expand(stride, n)
-    padding = _expand(padding, n)
-    dilation = _expand(dilation, n)
-    output_padding = _expand(output_padding, n) if output_padding else [0] * n
+    stride, padding, dilation, output_padding = _per_dimension(n, stride, padding, dilation,
+                                                               output_padding)
     dn = _dimension_numbers(n)
     if not transposed:
         return lax.conv_general_dilated(
@@ -102,22 +106,12 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     )
 
 
-_HOST_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
-
-
-def _on_host(kernel: str, *arrays) -> bool:
-    """Whether PyTorch's own CPU kernel runs this call (lowerings/host_kernels.py): float32 or
-    float64, all of one dtype."""
-    return (host_kernels.available(kernel) and arrays[0].dtype in _HOST_DTYPES
-            and all(a.dtype == arrays[0].dtype for a in arrays))
-
-
 def _host_attributes(ndim, stride, padding, dilation, transposed, output_padding, groups):
-    n = ndim - 2
     ints = host_kernels.ints
-    return dict(stride=ints(_expand(stride, n)), padding=ints(_expand(padding, n)),
-                dilation=ints(_expand(dilation, n)), transposed=bool(transposed),
-                output_padding=ints(_expand(output_padding, n) if output_padding else [0] * n),
+    stride, padding, dilation, output_padding = _per_dimension(ndim - 2, stride, padding,
+                                                               dilation, output_padding)
+    return dict(stride=ints(stride), padding=ints(padding), dilation=ints(dilation),
+                transposed=bool(transposed), output_padding=ints(output_padding),
                 groups=np.int64(groups))
 
 
@@ -127,7 +121,7 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     _check_conv_shapes(input, weight, transposed, groups)
     _check_conv_params(stride, padding, output_padding)
     arrays = (input, weight) if bias is None else (input, weight, bias)
-    if _on_host("convolution", *arrays):
+    if host_kernels.runs("convolution", *arrays):
         out = jax.eval_shape(lambda x, w: _conv(x, w, stride, padding, dilation, transposed,
                                                 output_padding, groups), input, weight)
         return host_kernels.call("convolution", out, *arrays, **_host_attributes(
@@ -142,7 +136,7 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
 @lowers(aten.convolution_backward.default)
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
-    if any(output_mask) and _on_host("convolution_backward", grad_output, input, weight):
+    if any(output_mask) and host_kernels.runs("convolution_backward", grad_output, input, weight):
         wanted = [jax.ShapeDtypeStruct(shape, grad_output.dtype) for shape, keep in zip(
             (input.shape, weight.shape, (grad_output.shape[1],)), output_mask, strict=True) if keep]
         grads = iter(host_kernels.call(

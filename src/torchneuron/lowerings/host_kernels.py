@@ -3,8 +3,8 @@
 XLA's CPU convolutions run 2-5x slower than PyTorch's (oneDNN) at the sizes of small CNNs
 (docs/BENCHMARKS.md, "XLA's kernels against PyTorch's"). The runtime's C++ library exports
 ATen's convolution kernels as XLA FFI handlers (runtime/_native/host_kernels.cpp); when the
-device runs on the CPU platform the runtime registers them here, and a lowering that finds
-its kernel `available` emits a custom call to it instead of its lax form. The result is
+device runs on the CPU platform the runtime registers them here, and a lowering whose call
+its kernel `runs` emits a custom call to it instead of its lax form. The result is
 CPU's own (same kernel), written into XLA's buffer.
 
 Without the library, with TORCHNEURON_HOST_KERNELS=0, or on any other platform nothing is
@@ -31,6 +31,17 @@ def register(name: str, handler, identity: str) -> None:
 
 def available(name: str) -> bool:
     return name in _registered
+
+
+# The element types the kernels' C++ side maps to ATen's (host_kernels.cpp `scalar_type`).
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def runs(name: str, *arrays) -> bool:
+    """Whether kernel `name` serves a call on `arrays`: registered, and all of one dtype that
+    the kernels take (float32 or float64; others keep the lowering's lax form)."""
+    return (name in _registered and arrays[0].dtype in _KERNEL_DTYPES
+            and all(a.dtype == arrays[0].dtype for a in arrays))
 
 
 def identity() -> str:

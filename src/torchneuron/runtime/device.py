@@ -267,8 +267,12 @@ def _install_host_kernels() -> None:
     (lowerings/host_kernels.py): 2-5x faster than XLA's, and CPU's results."""
     if platform.platform_name() != "cpu" or not config.flag("TORCHNEURON_HOST_KERNELS"):
         return
-    for name, handler in _native.host_kernels().items():
-        host_kernels.register(name, handler, identity=_native.cache_key())
+    kernels = _native.host_kernels()
+    if kernels:
+        # The loaded library's file name carries its build key (sources, torch, jaxlib).
+        identity = _native.loaded_path().name
+        for name, handler in kernels.items():
+            host_kernels.register(name, handler, identity=identity)
 
 
 def register() -> None:
