@@ -206,6 +206,45 @@ def test_training_loop_reaches_a_steady_state(fused):
     assert losses[-1] < losses[0]
 
 
+def test_equal_traces_share_one_structure_key_and_keep_only_live_values(fused, monkeypatch):
+    # The program cache's key comes from the C++ library, interned: a repeated trace finds
+    # its program by identity. Dead intermediates are not kept; index checks are listed.
+    taken = []
+    original = fusion._NATIVE.take_trace
+
+    def spy():
+        trace = original()
+        if trace is not None:
+            taken.append(trace)
+        return trace
+
+    monkeypatch.setattr(fusion._NATIVE, "take_trace", spy)
+    table = torch.randn(6, 3).to(DEV)
+    x = torch.arange(12.0).reshape(3, 4).to(DEV)
+
+    def run(index):
+        kept = (x * 2 + 1).relu()  # `x * 2` and `+ 1` die inside the trace
+        rows = torch.nn.functional.embedding(index, table)  # an index check
+        fusion.flush()
+        return kept, rows
+
+    fusion.flush()
+    results = [run(torch.tensor([0, 5]).to(DEV)) for _ in range(3)]
+    other = (x - 1).cpu()
+    *repeats, last = [t for t in taken if len(t[0]) >= 3]
+    nodes, externals, live, checks, structure = last
+    assert all(t[4] is structure for t in repeats[-2:])
+    assert len(live) == 2 and len(checks) == 1  # relu's and embedding's results only
+    assert structure[1] == tuple(value for value, _, _ in live)
+    assert structure[2] == tuple(value for value, _ in checks)
+    assert structure[3] == tuple(map(type, externals))
+    assert taken[-1][4] != structure  # another trace, another key
+    kept, rows = results[-1]
+    torch.testing.assert_close(kept.cpu(), (torch.arange(12.0).reshape(3, 4) * 2 + 1).relu())
+    torch.testing.assert_close(rows.cpu(), table.cpu()[[0, 5]])
+    torch.testing.assert_close(other, torch.arange(12.0).reshape(3, 4) - 1)
+
+
 def test_a_loop_that_never_reads_reaches_a_steady_state(fused):
     # Only the cap would cut this loop's trace, at a point drifting from step to step (a new
     # program per cut); the end of each optimizer step runs the trace instead.

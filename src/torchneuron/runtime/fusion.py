@@ -285,18 +285,10 @@ def flush() -> None:
         trace = _NATIVE.take_trace()
         if trace is None:
             return
-        nodes, externals, assigned = trace
-        live = [(value, payload, pending) for value, payload, pending in assigned
-                if payload is not None and payload.buf is pending]
-        checks = []  # (value index of the check flag, site) of the nodes with an index check
-        first = 0
-        for _fn, _refs, n, site in nodes:
-            first += n
-            if site is not None:
-                checks.append((first - 1, site))
-        structure = (tuple((id(fn), refs, n) for fn, refs, n, _ in nodes),
-                     tuple(value for value, _, _ in live), tuple(v for v, _ in checks),
-                     tuple(map(type, externals)))  # how its program packs scalars
+        # live: the values still referenced (kept by the program); checks: (value, site) of
+        # the index checks; structure: the program cache's key, the same tuple object for
+        # equal traces (the C++ library interns it).
+        nodes, externals, live, checks, structure = trace
         program = _PROGRAMS.get(structure)
         if program is not None and program.windows is not None:
             externals = _narrowed(program, nodes, externals)

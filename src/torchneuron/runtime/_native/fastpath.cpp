@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -315,32 +316,136 @@ bool flush_trace() {
   return true;
 }
 
-// (nodes, externals, assigned) of the trace so far, which starts afresh; None when empty.
-// nodes: ((fn, refs, n_results, site), ...); assigned: ((value, payload or None, pending), ...)
+// Trace structures already seen, by the hash of their words: equal structures come back as the
+// same tuple, which the program cache (runtime/fusion.py) then finds by identity instead of
+// comparing a few hundred elements. Only a cache: dropped whole when it grows past its bound.
+struct InternedStructure {
+  std::vector<intptr_t> words;
+  PyObject* key;  // owned
+};
+std::unordered_map<size_t, std::vector<InternedStructure>> interned_structures;
+size_t interned_count = 0;
+constexpr size_t kInternedKept = 4096;
+
+// The structure tuple of `words` (built by `build` when it was not seen before); new reference.
+template <typename Build>
+PyObject* interned_structure(std::vector<intptr_t>&& words, Build build) {
+  size_t hash = std::hash<std::string_view>{}(std::string_view(
+      reinterpret_cast<const char*>(words.data()), words.size() * sizeof(intptr_t)));
+  auto& bucket = interned_structures[hash];
+  for (auto& entry : bucket) {
+    if (entry.words == words) {
+      Py_INCREF(entry.key);
+      return entry.key;
+    }
+  }
+  PyObject* key = build();
+  if (key == nullptr) {
+    return nullptr;
+  }
+  if (interned_count >= kInternedKept) {
+    for (auto& [_, entries] : interned_structures) {
+      for (auto& entry : entries) {
+        Py_DECREF(entry.key);
+      }
+    }
+    interned_structures.clear();
+    interned_count = 0;
+  }
+  Py_INCREF(key);
+  interned_structures[hash].push_back({std::move(words), key});
+  interned_count += 1;
+  return key;
+}
+
+// (nodes, externals, live, checks, structure) of the trace so far, which starts afresh; None
+// when empty. nodes: ((fn, refs, n_results, site), ...); live: ((value, payload, pending), ...)
+// for the payloads still alive and still holding their pending value; checks: ((value, site),
+// ...) for the nodes with an index check (the value is the node's last result); structure:
+// what the trace's program depends on, the key of its program cache: ((id(fn), refs, n), ...),
+// the live values, the check values and the externals' types.
 PyObject* take_trace() {
   if (trace.nodes.empty()) {
     Py_RETURN_NONE;
   }
+  std::vector<intptr_t> words;
+  words.reserve(trace.nodes.size() * 6 + trace.assigned.size() + trace.externals.size() + 4);
+  words.push_back(static_cast<intptr_t>(trace.nodes.size()));
   PyObject* nodes = PyTuple_New(static_cast<Py_ssize_t>(trace.nodes.size()));
+  std::vector<PyObject*> node_refs(trace.nodes.size());
+  std::vector<std::pair<int32_t, PyObject*>> checks;  // (value, borrowed site)
+  int32_t first = 0;
   for (size_t i = 0; i < trace.nodes.size(); ++i) {
     TraceNode& node = trace.nodes[i];
+    words.push_back(reinterpret_cast<intptr_t>(node.fn));
+    words.push_back(static_cast<intptr_t>(node.refs.size()));
     PyObject* refs = PyTuple_New(static_cast<Py_ssize_t>(node.refs.size()));
     for (size_t j = 0; j < node.refs.size(); ++j) {
+      words.push_back(node.refs[j]);
       PyTuple_SET_ITEM(refs, j, PyLong_FromLong(node.refs[j]));
     }
-    // steals node.fn and node.site
-    PyTuple_SET_ITEM(nodes, i, Py_BuildValue("(NNiN)", node.fn, refs, node.n_results, node.site));
+    words.push_back(node.n_results);
+    first += node.n_results;
+    if (node.site != Py_None) {
+      checks.emplace_back(first - 1, node.site);
+    }
+    node_refs[i] = refs;
+    // steals node.fn and node.site (the tuple keeps them alive for `checks` below)
+    PyTuple_SET_ITEM(nodes, i, Py_BuildValue("(NOiN)", node.fn, refs, node.n_results, node.site));
+  }
+  std::vector<int32_t> live_values;
+  PyObject* live_list = PyList_New(0);
+  for (Assigned& a : trace.assigned) {
+    PyObject* payload = PyWeakref_GetObject(a.weak_payload);  // borrowed
+    if (payload != Py_None && reinterpret_cast<PayloadObject*>(payload)->buf == a.pending) {
+      PyObject* item = Py_BuildValue("(iON)", a.value, payload, a.pending);
+      PyList_Append(live_list, item);
+      Py_DECREF(item);
+      live_values.push_back(a.value);
+    } else {
+      Py_DECREF(a.pending);
+    }
+    Py_DECREF(a.weak_payload);
+  }
+  words.push_back(static_cast<intptr_t>(live_values.size()));
+  words.insert(words.end(), live_values.begin(), live_values.end());
+  PyObject* checks_tuple = PyTuple_New(static_cast<Py_ssize_t>(checks.size()));
+  words.push_back(static_cast<intptr_t>(checks.size()));
+  for (size_t i = 0; i < checks.size(); ++i) {
+    words.push_back(checks[i].first);
+    PyTuple_SET_ITEM(checks_tuple, i, Py_BuildValue("(iO)", checks[i].first, checks[i].second));
   }
   PyObject* externals = PyTuple_New(static_cast<Py_ssize_t>(trace.externals.size()));
+  words.push_back(static_cast<intptr_t>(trace.externals.size()));
   for (size_t i = 0; i < trace.externals.size(); ++i) {
+    words.push_back(reinterpret_cast<intptr_t>(Py_TYPE(trace.externals[i])));
     PyTuple_SET_ITEM(externals, i, trace.externals[i]);  // steals
   }
-  PyObject* assigned = PyTuple_New(static_cast<Py_ssize_t>(trace.assigned.size()));
-  for (size_t i = 0; i < trace.assigned.size(); ++i) {
-    Assigned& a = trace.assigned[i];
-    PyObject* payload = PyWeakref_GetObject(a.weak_payload);  // borrowed
-    PyTuple_SET_ITEM(assigned, i, Py_BuildValue("(iON)", a.value, payload, a.pending));
-    Py_DECREF(a.weak_payload);
+  PyObject* structure = interned_structure(std::move(words), [&]() -> PyObject* {
+    PyObject* ops = PyTuple_New(static_cast<Py_ssize_t>(trace.nodes.size()));
+    for (size_t i = 0; i < trace.nodes.size(); ++i) {
+      PyObject* node = PyTuple_GET_ITEM(nodes, i);
+      PyTuple_SET_ITEM(ops, i, Py_BuildValue("(NOO)", PyLong_FromVoidPtr(PyTuple_GET_ITEM(node, 0)),
+                                             node_refs[i], PyTuple_GET_ITEM(node, 2)));
+    }
+    PyObject* values = PyTuple_New(static_cast<Py_ssize_t>(live_values.size()));
+    for (size_t i = 0; i < live_values.size(); ++i) {
+      PyTuple_SET_ITEM(values, i, PyLong_FromLong(live_values[i]));
+    }
+    PyObject* check_values = PyTuple_New(static_cast<Py_ssize_t>(checks.size()));
+    for (size_t i = 0; i < checks.size(); ++i) {
+      PyTuple_SET_ITEM(check_values, i, PyLong_FromLong(checks[i].first));
+    }
+    PyObject* types = PyTuple_New(PyTuple_GET_SIZE(externals));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(externals); ++i) {
+      PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(PyTuple_GET_ITEM(externals, i)));
+      Py_INCREF(type);
+      PyTuple_SET_ITEM(types, i, type);
+    }
+    return Py_BuildValue("(NNNN)", ops, values, check_values, types);
+  });
+  for (PyObject* refs : node_refs) {
+    Py_DECREF(refs);
   }
   trace.nodes.clear();
   trace.externals.clear();
@@ -348,7 +453,16 @@ PyObject* take_trace() {
   trace.assigned.clear();
   trace.n_values = 0;
   trace.generation += 1;
-  return Py_BuildValue("(NNN)", nodes, externals, assigned);
+  if (structure == nullptr) {
+    Py_DECREF(nodes);
+    Py_DECREF(externals);
+    Py_DECREF(live_list);
+    Py_DECREF(checks_tuple);
+    return nullptr;
+  }
+  PyObject* live = PyList_AsTuple(live_list);
+  Py_DECREF(live_list);
+  return Py_BuildValue("(NNNNN)", nodes, externals, live, checks_tuple, structure);
 }
 
 // Where the user's code called the op: the innermost frame outside torch and torchneuron.
@@ -1594,7 +1708,7 @@ PyMethodDef methods[] = {
      "record(fn, inputs, n_results, site) -> pending results"},
     {"assign", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_assign)), METH_FASTCALL,
      "assign(payload, pending): payload.buf := pending, tracked by the trace"},
-    {"take_trace", py_take_trace, METH_NOARGS, "(nodes, externals, assigned) or None; starts a new trace"},
+    {"take_trace", py_take_trace, METH_NOARGS, "(nodes, externals, live, checks, structure) or None; starts a new trace"},
     {"trace_full", py_trace_full, METH_NOARGS, "whether the trace has reached its cap"},
     {"set_fusion", py_set_fusion, METH_VARARGS, "set_fusion(on, cap): record op calls instead of running them"},
     {"fast_counts", py_counts, METH_NOARGS, "op name -> calls served without Python"},
