@@ -23,3 +23,13 @@ def test_under_the_budget_nothing_is_removed(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"x" * 10)
     disk_budget.prune(tmp_path, 10, pattern="*.bin")
     assert (tmp_path / "a.bin").exists()
+
+
+def test_only_matching_files_count_and_the_oldest_go_first(tmp_path):
+    for n, name in enumerate(["a.bin", "b.bin", "c.bin"]):
+        (tmp_path / name).write_bytes(b"x" * 100)
+        os.utime(tmp_path / name, (100 + n, 100 + n))
+    (tmp_path / "other.txt").write_bytes(b"x" * 1000)  # not the pattern's: neither counted nor removed
+    os.utime(tmp_path / "other.txt", (1, 1))
+    disk_budget.prune(tmp_path, 250, pattern="*.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.bin", "c.bin", "other.txt"]
