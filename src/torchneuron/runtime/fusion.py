@@ -15,7 +15,9 @@ The program is the composition of the ops' own executables, so it computes what 
 execution computes (XLA may fuse the floating-point steps differently, within the tolerance
 accepted between eager and compiled mode). Programs are cached by the trace's structure (which
 executables, how their inputs connect, which results are kept); scalars and buffers are inputs,
-so a training loop reaches a steady state without new compilations. On disk (runtime/
+so a training loop reaches a steady state without new compilations. The C++ library builds
+that key as it hands over the trace and interns it, so a repeated trace finds its program by
+identity. On disk (runtime/
 disk_cache.py), a program is keyed by what its executables compute (their stable names: op,
 lowering, signature, default dtype) and the types of its inputs, so the next process loads it instead of
 tracing, lowering and compiling it.
