@@ -245,6 +245,30 @@ def test_equal_traces_share_one_structure_key_and_keep_only_live_values(fused, m
     torch.testing.assert_close(other, torch.arange(12.0).reshape(3, 4) - 1)
 
 
+def test_more_distinct_traces_than_interned_keys(fused):
+    # The C++ library keeps the keys of a bounded number of trace structures and drops them
+    # all past it: keys stay equal for equal traces, identical while kept, and eager mode
+    # keeps working. (The traces are taken, not run: their values are never read.)
+    x = torch.arange(4.0).to(DEV)
+    fusion.flush()
+
+    def structure_of(pattern: int):
+        y = x + 1.0
+        for bit in range(9):  # 512 ways to connect the same ten adds
+            y = (y if pattern >> bit & 1 else x) + 1.0
+        with fusion._lock:
+            return fusion._NATIVE.take_trace()[4]
+
+    first = structure_of(5)
+    assert structure_of(5) is first
+    keys = [structure_of(pattern) for pattern in range(300)]
+    assert len(set(keys)) == 300
+    again = structure_of(299)
+    assert again is keys[-1] and again == keys[299]
+    assert structure_of(5) == first
+    assert (x * 2 + 1).cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
 def test_a_loop_that_never_reads_reaches_a_steady_state(fused):
     # Only the cap would cut this loop's trace, at a point drifting from step to step (a new
     # program per cut); the end of each optimizer step runs the trace instead.

@@ -318,14 +318,18 @@ bool flush_trace() {
 
 // Trace structures already seen, by the hash of their words: equal structures come back as the
 // same tuple, which the program cache (runtime/fusion.py) then finds by identity instead of
-// comparing a few hundred elements. Only a cache: dropped whole when it grows past its bound.
+// comparing a few hundred elements. Only a cache, dropped whole past its bounds: twice the
+// programs fusion keeps by default (TORCHNEURON_FUSION_PROGRAMS), and 4 MB of words, so that
+// traces that never repeat (new shapes run op by op) cannot grow it.
 struct InternedStructure {
   std::vector<intptr_t> words;
   PyObject* key;  // owned
 };
 std::unordered_map<size_t, std::vector<InternedStructure>> interned_structures;
 size_t interned_count = 0;
-constexpr size_t kInternedKept = 4096;
+size_t interned_words = 0;
+constexpr size_t kInternedKept = 256;
+constexpr size_t kInternedWordsKept = size_t{1} << 19;
 
 // The structure tuple of `words` (built by `build` when it was not seen before); new reference.
 template <typename Build>
@@ -343,7 +347,7 @@ PyObject* interned_structure(std::vector<intptr_t>&& words, Build build) {
   if (key == nullptr) {
     return nullptr;
   }
-  if (interned_count >= kInternedKept) {
+  if (interned_count >= kInternedKept || interned_words + words.size() > kInternedWordsKept) {
     for (auto& [_, entries] : interned_structures) {
       for (auto& entry : entries) {
         Py_DECREF(entry.key);
@@ -351,10 +355,12 @@ PyObject* interned_structure(std::vector<intptr_t>&& words, Build build) {
     }
     interned_structures.clear();
     interned_count = 0;
+    interned_words = 0;
   }
   Py_INCREF(key);
-  interned_structures[hash].push_back({std::move(words), key});
   interned_count += 1;
+  interned_words += words.size();
+  interned_structures[hash].push_back({std::move(words), key});
   return key;
 }
 
