@@ -364,6 +364,21 @@ PyObject* interned_structure(std::vector<intptr_t>&& words, Build build) {
   return key;
 }
 
+// A tuple of `items`, whose references it steals (Py_BuildValue's "N" without parsing a
+// format at each of the trace's nodes).
+template <typename... Items>
+PyObject* steal_tuple(Items... items) {
+  PyObject* tuple = PyTuple_New(sizeof...(items));
+  Py_ssize_t i = 0;
+  ((PyTuple_SET_ITEM(tuple, i++, items)), ...);
+  return tuple;
+}
+
+PyObject* new_ref(PyObject* obj) {
+  Py_INCREF(obj);
+  return obj;
+}
+
 // (nodes, externals, live, checks, structure) of the trace so far, which starts afresh; None
 // when empty. nodes: ((fn, refs, n_results, site), ...); live: ((value, payload, pending), ...)
 // for the payloads still alive and still holding their pending value; checks: ((value, site),
@@ -397,14 +412,15 @@ PyObject* take_trace() {
     }
     node_refs[i] = refs;
     // steals node.fn and node.site (the tuple keeps them alive for `checks` below)
-    PyTuple_SET_ITEM(nodes, i, Py_BuildValue("(NOiN)", node.fn, refs, node.n_results, node.site));
+    PyTuple_SET_ITEM(nodes, i, steal_tuple(node.fn, new_ref(refs), PyLong_FromLong(node.n_results),
+                                           node.site));
   }
   std::vector<int32_t> live_values;
   PyObject* live_list = PyList_New(0);
   for (Assigned& a : trace.assigned) {
     PyObject* payload = PyWeakref_GetObject(a.weak_payload);  // borrowed
     if (payload != Py_None && reinterpret_cast<PayloadObject*>(payload)->buf == a.pending) {
-      PyObject* item = Py_BuildValue("(iON)", a.value, payload, a.pending);
+      PyObject* item = steal_tuple(PyLong_FromLong(a.value), new_ref(payload), a.pending);
       PyList_Append(live_list, item);
       Py_DECREF(item);
       live_values.push_back(a.value);
@@ -419,7 +435,8 @@ PyObject* take_trace() {
   words.push_back(static_cast<intptr_t>(checks.size()));
   for (size_t i = 0; i < checks.size(); ++i) {
     words.push_back(checks[i].first);
-    PyTuple_SET_ITEM(checks_tuple, i, Py_BuildValue("(iO)", checks[i].first, checks[i].second));
+    PyTuple_SET_ITEM(checks_tuple, i,
+                     steal_tuple(PyLong_FromLong(checks[i].first), new_ref(checks[i].second)));
   }
   PyObject* externals = PyTuple_New(static_cast<Py_ssize_t>(trace.externals.size()));
   words.push_back(static_cast<intptr_t>(trace.externals.size()));
