@@ -17,10 +17,9 @@ accepted between eager and compiled mode). Programs are cached by the trace's st
 executables, how their inputs connect, which results are kept); scalars and buffers are inputs,
 so a training loop reaches a steady state without new compilations. The C++ library builds
 that key as it hands over the trace and interns it, so a repeated trace finds its program by
-identity. On disk (runtime/
-disk_cache.py), a program is keyed by what its executables compute (their stable names: op,
-lowering, signature, default dtype) and the types of its inputs, so the next process loads it instead of
-tracing, lowering and compiling it.
+identity. On disk (runtime/disk_cache.py), a program is keyed by what its executables compute
+(their stable names: op, lowering, signature, default dtype) and the types of its inputs, so
+the next process loads it instead of tracing, lowering and compiling it.
 
 Adaptive: a trace whose ops keep coming back with new shapes (Hugging Face `generate()` meets a
 new sequence length at every token) would compile a whole new program each time. When the same
