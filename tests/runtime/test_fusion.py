@@ -395,6 +395,28 @@ def test_fused_program_cache_has_a_budget(fused, monkeypatch):
     assert torchneuron.fusion_stats()["evictions"] - before >= 5
 
 
+def test_the_program_used_last_outlives_older_ones(fused, monkeypatch):
+    # Least recently used, not first compiled, goes first past the budget.
+    monkeypatch.setenv("TORCHNEURON_FUSION_PROGRAMS", "3")
+    x = torch.ones(4, 3, device=DEV)
+
+    def chain(n):
+        y = x
+        for _ in range(n):
+            y = y * 2
+        return y.cpu()
+
+    fusion.flush()  # `x` alone
+    chain(2)
+    chain(2)  # its program, compiled (or loaded) first
+    for n in range(3, 8):
+        chain(n)
+        hits = torchneuron.fusion_stats()["cache_hits"]
+        chain(2)  # used again after every new program: never the least recently used
+        assert torchneuron.fusion_stats()["cache_hits"] == hits + 1
+    assert len(fusion._PROGRAMS) <= 3
+
+
 def _churning_trace(n: int, fixed: int) -> None:
     """One trace: `fixed` ops on a (4,) tensor, then a sum over a new size n added to them."""
     y = torch.arange(4.0, device=DEV)

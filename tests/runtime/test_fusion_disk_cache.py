@@ -74,9 +74,9 @@ def own_cache(tmp_path, monkeypatch):
     """An empty on-disk cache for this test, and no program of this process in memory."""
     monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))
     fusion.flush()
-    fusion._PROGRAMS.clear()
+    fusion.forget_programs()
     yield tmp_path / "programs"
-    fusion._PROGRAMS.clear()
+    fusion.forget_programs()
 
 
 def _unique_trace(n: int) -> torch.Tensor:
@@ -91,7 +91,7 @@ def test_a_corrupted_program_is_ignored_and_rebuilt(own_cache):
     for entry in entries:
         data = entry.read_bytes()
         entry.write_bytes(data[: len(data) // 2])
-    fusion._PROGRAMS.clear()
+    fusion.forget_programs()
     before = torchneuron.fusion_stats()
     with pytest.warns(UserWarning, match="unreadable compile cache entry"):
         got = _unique_trace(52)
@@ -109,7 +109,7 @@ def test_a_program_is_not_served_for_inputs_of_other_types(own_cache):
 
     for length in (20, 40, 20, 40):
         assert torch.equal(run(length), torch.arange(1.0, 9.0) * 2 + 1)
-    fusion._PROGRAMS.clear()
+    fusion.forget_programs()
     before = torchneuron.fusion_stats()
     for length in (40, 20):  # loaded for each length from its own entry
         assert torch.equal(run(length), torch.arange(1.0, 9.0) * 2 + 1)

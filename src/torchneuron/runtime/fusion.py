@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import sys
 import threading
 import time
@@ -104,8 +105,13 @@ class FusionStats:
 
 STATS = FusionStats()
 
-# trace structure -> jitted program, least recently used first
-_PROGRAMS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+# trace structure -> its program; past the budget the least recently used goes
+_PROGRAMS: dict[tuple, Any] = {}
+# id(structure) -> (structure, program): equal traces come with the same structure tuple (the
+# C++ library interns it), so a repeated trace finds its program without hashing a nested
+# tuple of hundreds of elements (~6 us). Rebuilt from _PROGRAMS after each eviction.
+_BY_IDENTITY: dict[int, tuple] = {}
+_USES = itertools.count()  # recency of programs (last use)
 
 
 class OpCall(NamedTuple):
@@ -290,7 +296,7 @@ def flush() -> None:
         # the index checks; structure: the program cache's key, the same tuple object for
         # equal traces (the C++ library interns it).
         nodes, externals, live, checks, structure = trace
-        program = _PROGRAMS.get(structure)
+        program = _program_of(structure)
         if program is not None and program.windows is not None:
             externals = _narrowed(program, nodes, externals)
         STATS.flushes += 1
@@ -353,7 +359,7 @@ def _execute(nodes, externals: tuple, structure: tuple, program):
         values, flags = _run(program, externals, len(nodes))
         STATS.compile_seconds += time.perf_counter() - start
     else:
-        _PROGRAMS.move_to_end(structure)
+        program.last_used = next(_USES)
         STATS.cache_hits += 1
         values, flags = _run(program, externals, len(nodes))
     return values, flags
@@ -445,8 +451,29 @@ def _build(nodes, structure: tuple):
     _PROGRAMS[structure] = program
     budget = int(config.raw("TORCHNEURON_FUSION_PROGRAMS"))
     while len(_PROGRAMS) > budget:
-        _PROGRAMS.popitem(last=False)
+        del _PROGRAMS[min(_PROGRAMS, key=lambda known: _PROGRAMS[known].last_used)]
+        _BY_IDENTITY.clear()
         STATS.evictions += 1
+    _BY_IDENTITY[id(structure)] = (structure, program)
+    return program
+
+
+def forget_programs() -> None:
+    """Drop every program kept in memory (the next run of each trace loads or compiles it)."""
+    _PROGRAMS.clear()
+    _BY_IDENTITY.clear()
+
+
+def _program_of(structure: tuple):
+    """The program cached for a trace structure, or None."""
+    known = _BY_IDENTITY.get(id(structure))
+    if known is not None and known[0] is structure:
+        return known[1]
+    program = _PROGRAMS.get(structure)
+    if program is not None:
+        if len(_BY_IDENTITY) > 4 * len(_PROGRAMS):  # tuples of the same structures, re-interned
+            _BY_IDENTITY.clear()
+        _BY_IDENTITY[id(structure)] = (structure, program)
     return program
 
 
@@ -478,7 +505,7 @@ class _Program:
     packed (compiled, or loaded from disk, at that call)."""
 
     __slots__ = ("plain", "make_packed", "packing", "packed", "calls", "first_shapes",
-                 "windows")
+                 "windows", "last_used")
 
     def __init__(self, plain, make_packed: Callable, packing: ScalarPacking) -> None:
         self.plain, self.make_packed, self.packing = plain, make_packed, packing
@@ -486,6 +513,7 @@ class _Program:
         self.calls = 0
         self.first_shapes = None  # of its externals at its first call (runtime/windows.py)
         self.windows = _UNDECIDED  # how it narrows its externals; None: it does not
+        self.last_used = next(_USES)
 
     def __call__(self, *externals):
         packed = self.packed
