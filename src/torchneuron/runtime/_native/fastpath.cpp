@@ -374,11 +374,6 @@ PyObject* steal_tuple(Items... items) {
   return tuple;
 }
 
-PyObject* new_ref(PyObject* obj) {
-  Py_INCREF(obj);
-  return obj;
-}
-
 // (nodes, externals, live, checks, structure) of the trace so far, which starts afresh; None
 // when empty. nodes: ((fn, refs, n_results, site), ...); live: ((value, payload, pending), ...)
 // for the payloads still alive and still holding their pending value; checks: ((value, site),
@@ -412,7 +407,7 @@ PyObject* take_trace() {
     }
     node_refs[i] = refs;
     // steals node.fn and node.site (the tuple keeps them alive for `checks` below)
-    PyTuple_SET_ITEM(nodes, i, steal_tuple(node.fn, new_ref(refs), PyLong_FromLong(node.n_results),
+    PyTuple_SET_ITEM(nodes, i, steal_tuple(node.fn, Py_NewRef(refs), PyLong_FromLong(node.n_results),
                                            node.site));
   }
   std::vector<int32_t> live_values;
@@ -420,7 +415,7 @@ PyObject* take_trace() {
   for (Assigned& a : trace.assigned) {
     PyObject* payload = PyWeakref_GetObject(a.weak_payload);  // borrowed
     if (payload != Py_None && reinterpret_cast<PayloadObject*>(payload)->buf == a.pending) {
-      PyObject* item = steal_tuple(PyLong_FromLong(a.value), new_ref(payload), a.pending);
+      PyObject* item = steal_tuple(PyLong_FromLong(a.value), Py_NewRef(payload), a.pending);
       PyList_Append(live_list, item);
       Py_DECREF(item);
       live_values.push_back(a.value);
@@ -436,7 +431,7 @@ PyObject* take_trace() {
   for (size_t i = 0; i < checks.size(); ++i) {
     words.push_back(checks[i].first);
     PyTuple_SET_ITEM(checks_tuple, i,
-                     steal_tuple(PyLong_FromLong(checks[i].first), new_ref(checks[i].second)));
+                     steal_tuple(PyLong_FromLong(checks[i].first), Py_NewRef(checks[i].second)));
   }
   PyObject* externals = PyTuple_New(static_cast<Py_ssize_t>(trace.externals.size()));
   words.push_back(static_cast<intptr_t>(trace.externals.size()));
