@@ -49,42 +49,14 @@ SYNC_POINTS = {
 }
 
 
-def _repeat_traces() -> None:
-    """Run one trace until traces repeat (fusion.traces_repeat): from then on a short trace
-    is not launched at an op that checks values."""
-    x = torch.ones(7, device=DEV)
-    kept = []
-    for _ in range(3 * fusion._STEADY_AFTER):
-        kept.append((x - 1).abs().amax())
-        fusion.flush()
-        if fusion.traces_repeat():
-            return
-    raise AssertionError("the same trace again and again, yet traces do not repeat")
-
-
-_NEW_SIZES = iter(range(100, 10_000))
-
-
-def _new_traces() -> None:
-    """A trace of a size not seen before: traces no longer repeat, a checked op launches."""
-    (torch.ones(next(_NEW_SIZES), device=DEV) * 3).sum().cpu()
-    assert not fusion.traces_repeat()
-
-
-@pytest.mark.parametrize("launched", [True, False], ids=["launched", "still recorded"])
 @pytest.mark.parametrize("sync", list(SYNC_POINTS))
-def test_an_index_out_of_range_raises_at_the_next_sync_point_naming_the_call(sync, launched):
+def test_an_index_out_of_range_raises_at_the_next_sync_point_naming_the_call(sync):
     x = torch.randn(4, 3, device=DEV)
     other = torch.ones(3, device=DEV)
     other.cpu()  # materialised: reading it again runs nothing of its own
     bad = torch.tensor([0, 7], device=DEV)
-    _new_traces() if launched else _repeat_traces()
     y = torch.index_select(x, 0, bad); line = _line()  # noqa: E702 - the call's own line
-    if launched:  # its program ran; the flag is not read yet
-        assert fusion.trace_length() == 0 and value_checks.pending() == 1
-    else:  # a short trace once traces repeat: the check waits in it
-        assert fusion.trace_length() > 0 and value_checks.pending() == 0
-    assert fusion.pending_checks() == 1
+    assert value_checks.pending()  # not read yet
     with pytest.raises(IndexError, match=rf"index out of range.*index_select.*"
                                          rf"test_value_checks\.py:{line}\b"):
         SYNC_POINTS[sync](y, other)
@@ -125,9 +97,9 @@ def test_checks_do_not_make_a_training_loop_wait():
     assert value_checks.pending() == 0
     for _ in range(3):
         loss = step()
-    assert fusion.pending_checks() >= 3 * 4  # not read yet
+    assert value_checks.pending() >= 3 * 4  # not read yet
     assert torch.isfinite(loss).item()
-    assert fusion.pending_checks() == 0
+    assert value_checks.pending() == 0
 
 
 def test_a_loop_that_never_syncs_keeps_few_checks_and_still_reports_a_failure():
@@ -159,42 +131,12 @@ def test_compiled_graphs_defer_their_checks_naming_the_model_line():
     torch._dynamo.reset()
 
 
-def test_a_check_launches_its_trace_until_traces_repeat_then_only_a_long_one():
-    # The launch lets the device run a forward while the host records the backward; once
-    # traces repeat, a trace of a call or two (a step's embeddings) waits for more calls.
-    w = torch.randn(5, 2, device=DEV)
-    idx = torch.tensor([1, 3], device=DEV)
-    _new_traces()
-    F.embedding(idx, w)
-    assert fusion.trace_length() == 0  # launched
-    _repeat_traces()
-    F.embedding(idx, w)
-    assert fusion.trace_length() == 1  # waits
-    y = w
-    for _ in range(fusion.CHECKED_OP_LAUNCHES_AT):
-        y = y * 1.5
-    F.embedding(idx, y)
-    assert fusion.trace_length() == 0  # long enough: launched
-    assert fusion.pending_checks() == 3  # none read yet
-
-
-def test_a_short_trace_with_a_failed_check_raises_at_the_next_sync_point():
-    w = torch.randn(5, 2, device=DEV)
-    _repeat_traces()
-    F.embedding(torch.tensor([9], device=DEV), w); line = _line()  # noqa: E702
-    assert fusion.trace_length() > 0
-    with pytest.raises(IndexError, match=rf"embedding.*test_value_checks\.py:{line}\b"):
-        w.cpu()  # a read of another, materialised tensor
-    assert fusion.pending_checks() == 0
-
-
 def test_linalg_errors_still_raise_at_the_call():
     # Code catches them to retry (a jitter added to a kernel matrix): CUDA raises them at the
     # call too.
-    _repeat_traces()
     a = -torch.eye(3, device=DEV)
     with pytest.raises(torch.linalg.LinAlgError):
-        torch.linalg.cholesky(a)  # in a short trace, once traces repeat
+        torch.linalg.cholesky(a)
     assert value_checks.pending() == 0
 
 

@@ -159,7 +159,7 @@ def install() -> None:
     native = _native.fastpath()
     if native is not None:
         native.init(dispatch_op, fastpath.describe, fastpath.take_last, storage._LATEST,
-                    fusion.flush, fusion.after_checked_op)
+                    fusion.flush)
         native.install(direct)
         native.set_scalar_arrays(fastpath.scalar_array if fastpath.scalar_arrays_apply() else None)
         fusion.configure()

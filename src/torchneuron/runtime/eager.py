@@ -11,7 +11,7 @@ import torch._decomp
 from .. import config
 from ..lowerings import LOWERINGS, Lowering
 from ..lowerings.registry import index_exception
-from . import _native, executable, fusion, rng, signature, storage, strided
+from . import _native, executable, fusion, rng, signature, storage, strided, value_checks
 from .cpu_fallback import (
     cpu_error,
     raise_as_on_cpu,
@@ -36,7 +36,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     if recording:
         fusion.make_room()
     elif not lowering.jit:
-        fusion.raise_failed_checks()  # it reads values on the host: a sync point
+        value_checks.raise_failed()  # it reads values on the host: a sync point
     values = plan.bind(args, kwargs)
     key, inputs = signature.arguments_key(plan, values)
     # The default dtype is part of what an executable computes (int / int, factories without
@@ -112,7 +112,7 @@ def run_lowered(plan: OpPlan, lowering: Lowering, args: tuple, kwargs: dict,
     returned = executable.assemble_returns(plan, fresh_meta, values, outputs)
     if recording and ex.index_error is not None:
         try:
-            fusion.after_checked_op(ex.index_error)  # may end the trace (value_checks.py)
+            fusion.flush()  # an op that checks values ends the trace (its check: value_checks.py)
         except type(index_exception(ex.index_error)) as err:
             # The trace's message ends naming the op and the user's line: kept.
             plain = str(index_exception(ex.index_error))

@@ -32,14 +32,13 @@ the last token) keeps its shapes instead: on the CPU platform such buffers are p
 of the range the views reach (runtime/windows.py), so its program compiles once, not at every
 length.
 
-An op that checks values (gather, embedding, index_select, nll_loss's targets...) launches the
-trace's program right after the op is recorded, so that the device runs a forward while the
-host records the backward (recording on past a loss made a GPT training step slower, 155-161
-against 180-189 ms); once traces repeat, a short trace waits for more calls instead
-(`after_checked_op`). An index out of range is read at the next sync point
-(runtime/value_checks.py) and raises there, naming the op and the user's source line, as CUDA
-reports a device-side assert; the host does not wait for the program at the call. A check that
-raises at the call (`lowerings.registry.at_call`: a singular matrix) is read at once.
+An op that checks values (gather, embedding, index_select, nll_loss's targets...) ends the
+trace: the trace's program is launched right after the op is recorded. An index out of range
+is read at the next sync point (runtime/value_checks.py) and raises there, naming the op and
+the user's source line, as CUDA reports a device-side assert; the host does not wait for the
+program at the call. (Recording on past such ops made a GPT training step slower, 155-161
+against 180-189 ms, and changes the traces that eager bucketing finds.) A check that raises at
+the call (`lowerings.registry.at_call`: a singular matrix) is read at once.
 `TORCHNEURON_LAUNCH_BLOCKING=1` runs every op at its call; `TORCHNEURON_FUSION=0` turns
 recording off.
 
@@ -251,57 +250,6 @@ def make_room() -> None:
         flush()
 
 
-# An op that checks values (runtime/value_checks.py) launches its trace, so that the device
-# runs it while the host records on (a loss ends a forward). Once traces repeat (the last
-# `_STEADY_AFTER` ran programs already compiled, none bucketed), a trace shorter than
-# `CHECKED_OP_LAUNCHES_AT` calls waits for more instead: a launch of its own costs a program
-# call and keeps its values (a small classifier's step, 64-128-10 with cross_entropy, launched
-# at its loss with 5 calls and at the loss's backward with 2: 557-586 against 404-414 us per
-# step; a GPT step's four launches of one or two calls: no change beyond noise). While shapes
-# vary, the short traces stay apart: they are what the bucketer cannot pad (the positions
-# `arange(t)` of an embedding, a loss over flattened tokens), and cut off from them the blocks
-# run bucketed (compiler/eager_traces.py; merged, a varying-length LM loop compiled its whole
-# forward and backward at every length: 40 steps 32-33 against 35.5-36 s).
-CHECKED_OP_LAUNCHES_AT = 32
-_STEADY_AFTER = 8
-_STEADY_RUNS = [0]  # consecutive flushes that ran a program already compiled
-_RECORDED_CHECKS = [0]  # checks in the trace being recorded
-
-
-def after_checked_op(index_error) -> None:
-    """After recording an op that checks values: launch the trace unless it is short and
-    traces repeat, and always where the check is read at the call
-    (value_checks.raises_at_call)."""
-    if (value_checks.raises_at_call(index_error) or not traces_repeat()
-            or trace_length() >= CHECKED_OP_LAUNCHES_AT):
-        flush()
-    else:
-        _RECORDED_CHECKS[0] += 1
-
-
-def traces_repeat() -> bool:
-    """Whether the last `_STEADY_AFTER` traces ran programs already compiled."""
-    return _STEADY_RUNS[0] >= _STEADY_AFTER
-
-
-def pending_checks() -> int:
-    """How many checks wait for the next sync point: launched, or in the trace."""
-    return value_checks.pending() + _RECORDED_CHECKS[0]
-
-
-def trace_length() -> int:
-    """How many calls the trace being recorded holds."""
-    return 0 if _NATIVE is None else _NATIVE.trace_length()
-
-
-def raise_failed_checks() -> None:
-    """At a sync point: raise the first failed check, including those of the trace being
-    recorded (launched for it)."""
-    if _RECORDED_CHECKS[0]:
-        flush()
-    value_checks.raise_failed()
-
-
 def record(fn, inputs: tuple, n_results: int, site) -> tuple:
     """Record one executable call; its results as pending values."""
     return _NATIVE.record(fn, inputs, n_results, site)
@@ -342,7 +290,6 @@ def flush() -> None:
         return
     with _lock:
         trace = _NATIVE.take_trace()
-        _RECORDED_CHECKS[0] = 0
         if trace is None:
             return
         # live: the values still referenced (kept by the program); checks: (value, site) of
@@ -401,7 +348,6 @@ def _execute(nodes, externals: tuple, structure: tuple, program):
         # many sizes (its first shape only teaches the bucketer what it looks like).
         values = _TRACE_BUCKETER[0](nodes, externals, structure[1])
         flags = []  # a bucketed program raises its index errors itself
-    _STEADY_RUNS[0] = 0 if program is None else _STEADY_RUNS[0] + 1
     if values is not None:
         STATS.bucketed_runs += 1
     elif program is None and _shapes_churn(nodes, externals):  # counts a compilation otherwise

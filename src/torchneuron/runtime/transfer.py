@@ -17,7 +17,7 @@ from ..lowerings.dtypes import (
     is_bit_container,
     to_jax_dtype,
 )
-from . import fusion, storage, strided
+from . import storage, strided, value_checks
 from .plan import NEURON
 
 aten = torch.ops.aten
@@ -122,7 +122,7 @@ def numpy_to_cpu(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 def neuron_to_cpu(t: torch.Tensor) -> torch.Tensor:
     """The logical value of a neuron tensor as a new contiguous CPU tensor: a read on the host,
     a sync point (it raises a failed deferred check)."""
-    fusion.raise_failed_checks()
+    value_checks.raise_failed()
     view = _host_view(t)
     if view is not None:
         return numpy_to_cpu(np.array(view, order="C", copy=True), t.dtype).reshape(t.shape)

@@ -50,7 +50,7 @@ from ... import config
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("neuron_generator.cpp", "fastpath.cpp", "host_kernels.cpp"))
-ABI_VERSION = 9
+ABI_VERSION = 8
 # The XLA FFI handlers host_kernels.cpp exports: kernel name -> symbol.
 HOST_KERNELS = {
     "convolution": "torchneuron_host_convolution",

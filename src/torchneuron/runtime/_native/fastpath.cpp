@@ -229,7 +229,6 @@ Trace trace;
 bool fusion = false;
 size_t fusion_cap = 512;
 PyObject* flush_callback = nullptr;  // runtime.fusion.flush
-PyObject* checked_callback = nullptr;  // runtime.fusion.after_checked_op
 
 bool is_current_pending(PyObject* obj) {
   return Py_TYPE(obj) == &PendingType &&
@@ -1140,13 +1139,9 @@ bool run_native(OpEntry& entry, const c10::OperatorHandle& op, torch::jit::Stack
   for (auto& v : returned) {
     stack->push_back(std::move(v));
   }
-  // An op that checks values may end the trace (runtime/fusion.py decides, for both paths).
-  if (fusion && ex.has_check) {
-    PyObject* ended = PyObject_CallOneArg(checked_callback, ex.index_error);
-    if (ended == nullptr) {
-      raise_python();
-    }
-    Py_DECREF(ended);
+  // An op that checks its indices ends the trace, so that its error is raised at the call.
+  if (fusion && ex.has_check && !flush_trace()) {
+    raise_python();
   }
   entry.fast_calls += 1;
   return true;
@@ -1315,15 +1310,14 @@ std::unique_ptr<torch::Library> fallback_library;
 std::unique_ptr<torch::Library> direct_library;
 
 PyObject* py_init(PyObject* /*self*/, PyObject* args) {
-  PyObject *dispatch, *describe, *last, *latest, *flush, *checked;
-  if (!PyArg_ParseTuple(args, "OOOOOO", &dispatch, &describe, &last, &latest, &flush, &checked)) {
+  PyObject *dispatch, *describe, *last, *latest, *flush;
+  if (!PyArg_ParseTuple(args, "OOOOO", &dispatch, &describe, &last, &latest, &flush)) {
     return nullptr;
   }
-  for (PyObject* o : {dispatch, describe, last, latest, flush, checked}) {
+  for (PyObject* o : {dispatch, describe, last, latest, flush}) {
     Py_INCREF(o);
   }
   flush_callback = flush;
-  checked_callback = checked;
   dispatch_op = dispatch;
   describe_op = describe;
   take_last = last;
@@ -1421,10 +1415,6 @@ PyObject* py_take_trace(PyObject* /*self*/, PyObject* /*unused*/) {
 // Whether the trace has reached its cap (the Python path flushes before it records).
 PyObject* py_trace_full(PyObject* /*self*/, PyObject* /*unused*/) {
   return PyBool_FromLong(trace.nodes.size() >= fusion_cap);
-}
-
-PyObject* py_trace_length(PyObject* /*self*/, PyObject* /*unused*/) {
-  return PyLong_FromSize_t(trace.nodes.size());
 }
 
 PyObject* py_set_fusion(PyObject* /*self*/, PyObject* args) {
@@ -1738,7 +1728,6 @@ PyMethodDef methods[] = {
      "assign(payload, pending): payload.buf := pending, tracked by the trace"},
     {"take_trace", py_take_trace, METH_NOARGS, "(nodes, externals, live, checks, structure) or None; starts a new trace"},
     {"trace_full", py_trace_full, METH_NOARGS, "whether the trace has reached its cap"},
-    {"trace_length", py_trace_length, METH_NOARGS, "how many calls the trace holds"},
     {"set_fusion", py_set_fusion, METH_VARARGS, "set_fusion(on, cap): record op calls instead of running them"},
     {"fast_counts", py_counts, METH_NOARGS, "op name -> calls served without Python"},
     {"reset_fast_counts", py_reset_counts, METH_NOARGS, "clear fast_counts()"},

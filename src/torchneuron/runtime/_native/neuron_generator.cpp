@@ -340,7 +340,7 @@ extern "C" {
 
 // Lets the loader refuse a library built from other sources.
 int torchneuron_generator_abi_version() {
-  return 9;
+  return 8;
 }
 
 }  // extern "C"
